@@ -1,0 +1,253 @@
+//! The values that travel on the edges of a GRPO/PPO graph, as plain Rust data.
+//!
+//! Edges carry backend-independent values (docs/ARCHITECTURE.md, "Values on edges"): a node builds
+//! tensors on its own device from these. All per-token quantities are stored row-major as
+//! `[B, T]` `Vec<f32>`, where `B` is the number of *responses* (prompts × `n`) and `T` is the padded
+//! response length of the batch (`RolloutBatch::response_len`). Padding positions hold 0 and are
+//! marked 0 in the response mask; every consumer must weight by the mask.
+//!
+//! | port type       | Rust type            | produced by                       |
+//! |-----------------|----------------------|-----------------------------------|
+//! | `Prompts`       | [`PromptBatch`]      | `dataset.parquet` (flowrl-datasets) |
+//! | `Rollouts`      | [`RolloutBatch`]     | `rollout`                         |
+//! | `Scores`        | [`ScoreBatch`]       | `reward.*`                        |
+//! | `TokenLogProbs` | [`TokenLogProbs`]    | `logprob`                         |
+//! | `Advantages`    | [`AdvantageBatch`]   | `advantage.*`                     |
+//!
+//! What this module does not do: no tensors, no model calls; only shapes, accessors and the
+//! consistency checks (`check`) that producers run before emitting a value.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub use flowrl_datasets::PromptBatch;
+
+/// Port type names, as declared by the node kinds and shown in diagnostics.
+pub mod port_types {
+    /// [`super::PromptBatch`].
+    pub const PROMPTS: &str = "Prompts";
+    /// [`super::RolloutBatch`].
+    pub const ROLLOUTS: &str = "Rollouts";
+    /// [`super::ScoreBatch`].
+    pub const SCORES: &str = "Scores";
+    /// [`super::TokenLogProbs`].
+    pub const TOKEN_LOG_PROBS: &str = "TokenLogProbs";
+    /// [`super::AdvantageBatch`].
+    pub const ADVANTAGES: &str = "Advantages";
+}
+
+/// A `[rows, cols]` f32 matrix stored row-major; the common shape of every per-token value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenMatrix {
+    /// Row-major values, `rows * cols` long.
+    pub data: Vec<f32>,
+    /// Number of responses `B`.
+    pub rows: usize,
+    /// Padded response length `T`.
+    pub cols: usize,
+}
+
+impl TokenMatrix {
+    /// A `[rows, cols]` matrix of zeros.
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        Self {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        }
+    }
+
+    /// Wraps row-major data; errors when `data.len() != rows * cols`.
+    pub fn new(data: Vec<f32>, rows: usize, cols: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            data.len() == rows * cols,
+            "token matrix of shape [{rows}, {cols}] needs {} values, got {}",
+            rows * cols,
+            data.len()
+        );
+        Ok(Self { data, rows, cols })
+    }
+
+    /// Row `i` (one response).
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// Mutable row `i`.
+    pub fn row_mut(&mut self, i: usize) -> &mut [f32] {
+        &mut self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// `[rows, cols]`.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.rows, self.cols]
+    }
+}
+
+/// Generated responses: `B = prompts × n` rows, each tied to its prompt and its GRPO group.
+///
+/// Row `i` is response `i`; `prompt_index[i]` points into `prompts` (the batch the rollout node
+/// received), which holds the prompt's processed images (pixel values + grids), so the log-prob and
+/// update nodes can re-run the vision tower. Responses of one prompt share `uid[i]` (the group id
+/// the advantage estimators group by, never the position in the batch).
+#[derive(Debug, Clone)]
+pub struct RolloutBatch {
+    /// The prompt batch these responses answer (tokenized prompts, processed images, ground truth).
+    pub prompts: Arc<PromptBatch>,
+    /// Per response: index of its prompt in `prompts`.
+    pub prompt_index: Vec<usize>,
+    /// Per response: the group uid (shared by the `n` samples of one prompt).
+    pub uid: Vec<String>,
+    /// Per response: the prompt token ids, unpadded (image placeholders already expanded).
+    pub prompt_ids: Vec<Vec<u32>>,
+    /// Per response: the generated token ids, unpadded; includes the EOS/stop token when one
+    /// was generated (verl keeps it in the response and in the mask).
+    pub response_ids: Vec<Vec<u32>>,
+    /// `[B, T]` response mask, 1.0 for generated tokens, 0.0 for right padding.
+    pub response_mask: TokenMatrix,
+    /// `[B, T]` log-probs of the sampled tokens under the sampling distribution (after temperature,
+    /// top-k and top-p), 0.0 at padding. Greedy decoding stores the unscaled model log-prob.
+    pub sampling_log_probs: TokenMatrix,
+    /// Per response: the prompt's ground truth (copied from `prompts`, for reward functions).
+    pub ground_truth: Vec<String>,
+    /// Per response: the prompt's data source (reward routing, per-source validation metrics).
+    pub data_source: Vec<String>,
+    /// Per response: the decoded response text (special tokens skipped).
+    pub response_text: Vec<String>,
+    /// Per response: true when generation stopped at `max_new_tokens` without EOS/stop token.
+    pub truncated: Vec<bool>,
+}
+
+impl RolloutBatch {
+    /// Number of responses `B`.
+    pub fn len(&self) -> usize {
+        self.uid.len()
+    }
+
+    /// True when the batch holds no response.
+    pub fn is_empty(&self) -> bool {
+        self.uid.is_empty()
+    }
+
+    /// Padded response length `T`.
+    pub fn response_len(&self) -> usize {
+        self.response_mask.cols
+    }
+
+    /// Per response: number of generated tokens (sum of its mask row).
+    pub fn response_lengths(&self) -> Vec<usize> {
+        self.response_ids.iter().map(Vec::len).collect()
+    }
+
+    /// Checks that every per-response field has `B` entries and the matrices are `[B, T]` with
+    /// the mask matching the response lengths.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let b = self.len();
+        let lens = [
+            ("prompt_index", self.prompt_index.len()),
+            ("prompt_ids", self.prompt_ids.len()),
+            ("response_ids", self.response_ids.len()),
+            ("ground_truth", self.ground_truth.len()),
+            ("data_source", self.data_source.len()),
+            ("response_text", self.response_text.len()),
+            ("truncated", self.truncated.len()),
+            ("response_mask rows", self.response_mask.rows),
+            ("sampling_log_probs rows", self.sampling_log_probs.rows),
+        ];
+        for (name, n) in lens {
+            anyhow::ensure!(n == b, "rollout batch: {name} has {n} entries, uid has {b}");
+        }
+        let t = self.response_len();
+        anyhow::ensure!(
+            self.sampling_log_probs.cols == t,
+            "rollout batch: sampling_log_probs has {} columns, response_mask has {t}",
+            self.sampling_log_probs.cols
+        );
+        for (i, ids) in self.response_ids.iter().enumerate() {
+            anyhow::ensure!(
+                ids.len() <= t,
+                "rollout batch: response {i} has {} tokens, more than T = {t}",
+                ids.len()
+            );
+            let ones = self.response_mask.row(i).iter().filter(|&&m| m > 0.5).count();
+            anyhow::ensure!(
+                ones == ids.len(),
+                "rollout batch: response {i} has {} tokens but {ones} mask ones",
+                ids.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Per-response scalar rewards, with the named components that make them up.
+///
+/// Carries the rollouts it scores, so that an advantage estimator needs only this value
+/// (group uids, response mask) and metrics can be split by data source.
+#[derive(Debug, Clone)]
+pub struct ScoreBatch {
+    /// The scored responses.
+    pub rollouts: Arc<RolloutBatch>,
+    /// Per response: the final scalar reward (verl's `token_level_scores` summed; placed on the
+    /// last response token by the advantage estimators).
+    pub scores: Vec<f32>,
+    /// Named components (e.g. `accuracy`, `format`), each with one value per response; logged as
+    /// `critic/score/<name>/mean` style metrics by the reward nodes.
+    pub components: BTreeMap<String, Vec<f32>>,
+}
+
+impl ScoreBatch {
+    /// Checks that scores and every component have one value per response.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let b = self.rollouts.len();
+        anyhow::ensure!(
+            self.scores.len() == b,
+            "score batch: {} scores for {b} responses",
+            self.scores.len()
+        );
+        for (name, v) in &self.components {
+            anyhow::ensure!(
+                v.len() == b,
+                "score batch: component {name} has {} values for {b} responses",
+                v.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Per-token log-probs of the response tokens under some model (old policy, reference), `[B, T]`,
+/// 0.0 at padding positions. Aligned with the `RolloutBatch` they were computed for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogProbs {
+    /// `[B, T]` log π(response token t | prompt, response < t).
+    pub log_probs: TokenMatrix,
+    /// Optional `[B, T]` per-token entropy of the same distribution (when requested).
+    pub entropy: Option<TokenMatrix>,
+}
+
+/// Per-token advantages and returns `[B, T]`, 0.0 at padding (verl's `advantages`, `returns`).
+#[derive(Debug, Clone)]
+pub struct AdvantageBatch {
+    /// The rollouts the advantages belong to.
+    pub rollouts: Arc<RolloutBatch>,
+    /// `[B, T]` advantages.
+    pub advantages: TokenMatrix,
+    /// `[B, T]` returns (equal to the advantages for GRPO, as in verl).
+    pub returns: TokenMatrix,
+}
+
+impl AdvantageBatch {
+    /// Checks the shapes against the rollouts.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let shape = self.rollouts.response_mask.shape();
+        anyhow::ensure!(
+            self.advantages.shape() == shape && self.returns.shape() == shape,
+            "advantage batch: advantages {:?} / returns {:?} do not match the rollouts {:?}",
+            self.advantages.shape(),
+            self.returns.shape(),
+            shape
+        );
+        Ok(())
+    }
+}
