@@ -1,0 +1,358 @@
+//! Capability traits: what a model family can do, independent of which family it is.
+//!
+//! Nodes and the engine ask a loaded [`crate::Model`] for capabilities
+//! (`causal_lm()`, `vision()`, `multimodal_positions()`) and never for a family name. A family
+//! implements the traits it supports; the family registry ([`crate::registry`]) picks the family
+//! once, from `config.json`'s `model_type`.
+//!
+//! Host-side data (token ids, masks, position ids, processed images) are plain Rust values so that
+//! they can travel on graph edges; tensors are created on a device only inside the model calls.
+//!
+//! This module deliberately holds no model code: only the contracts and the small helpers every
+//! family shares (plain 1-D positions, scattering image embeddings into the token stream).
+
+use std::path::Path;
+
+use anyhow::{Result, bail, ensure};
+use burn::prelude::*;
+
+// ---------------------------------------------------------------------------------------------
+// Image processor capability
+// ---------------------------------------------------------------------------------------------
+
+/// What one picture becomes for a model (the image-processor capability's output).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessedImage {
+    /// Row-major values of shape `shape` (Qwen: `[num_patches, 3*2*14*14]`).
+    pub pixel_values: Vec<f32>,
+    /// Shape of `pixel_values`.
+    pub shape: Vec<usize>,
+    /// Family meaning (Qwen: `[t, gh, gw]` in patches).
+    pub grid: Vec<usize>,
+    /// Number of image tokens it becomes in the prompt.
+    pub num_tokens: usize,
+}
+
+/// Turns pictures into model inputs and tells how the prompt's image placeholder expands.
+pub trait ImageProcessor: Send + Sync {
+    /// Resize, normalise and lay out one picture.
+    fn process(&self, image: &image::RgbImage) -> Result<ProcessedImage>;
+    /// Token string the model's chat template emits for one image (Qwen: `"<|image_pad|>"`).
+    fn placeholder_token(&self) -> &str;
+    /// Replace each placeholder token id in `ids`, in order, by the ids image k becomes.
+    fn expand_placeholders(&self, ids: &[u32], images: &[ProcessedImage]) -> Result<Vec<u32>>;
+}
+
+/// Reads `config.json`'s `model_type` and `preprocessor_config.json` of a Hugging Face directory
+/// and builds that family's image processor.
+pub fn load_image_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
+    let model_type = crate::registry::read_model_type(dir)?;
+    let family = crate::registry::family(&model_type)?;
+    match family.image_processor {
+        Some(load) => load(dir),
+        None => bail!(
+            "model type `{model_type}` ({}) has no image processor",
+            dir.display()
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token batches and position ids (host side)
+// ---------------------------------------------------------------------------------------------
+
+/// A left-padded batch of token rows, row-major `[batch, len]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PaddedBatch {
+    /// Token ids, `batch * len` values; padding positions hold the pad id.
+    pub ids: Vec<u32>,
+    /// 1 = real token, 0 = padding (padding is at the start of a row).
+    pub attention_mask: Vec<u32>,
+    pub batch: usize,
+    pub len: usize,
+}
+
+impl PaddedBatch {
+    /// Left-pads `rows` with `pad_id` to the longest row.
+    pub fn left_pad(rows: &[Vec<u32>], pad_id: u32) -> Self {
+        let len = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(rows.len() * len);
+        let mut attention_mask = Vec::with_capacity(rows.len() * len);
+        for row in rows {
+            let pad = len - row.len();
+            ids.extend(std::iter::repeat_n(pad_id, pad));
+            ids.extend_from_slice(row);
+            attention_mask.extend(std::iter::repeat_n(0, pad));
+            attention_mask.extend(std::iter::repeat_n(1, row.len()));
+        }
+        Self {
+            ids,
+            attention_mask,
+            batch: rows.len(),
+            len,
+        }
+    }
+
+    /// Checks that the vectors have `batch * len` values.
+    pub fn validate(&self) -> Result<()> {
+        let n = self.batch * self.len;
+        ensure!(
+            self.ids.len() == n && self.attention_mask.len() == n,
+            "padded batch {}x{} has {} ids and {} mask values",
+            self.batch,
+            self.len,
+            self.ids.len(),
+            self.attention_mask.len()
+        );
+        Ok(())
+    }
+
+    /// Ids of row `b` (padding included).
+    pub fn row(&self, b: usize) -> &[u32] {
+        &self.ids[b * self.len..(b + 1) * self.len]
+    }
+
+    /// Attention mask of row `b`.
+    pub fn mask_row(&self, b: usize) -> &[u32] {
+        &self.attention_mask[b * self.len..(b + 1) * self.len]
+    }
+
+    /// Number of real tokens per row.
+    pub fn real_lengths(&self) -> Vec<usize> {
+        (0..self.batch)
+            .map(|b| self.mask_row(b).iter().filter(|&&m| m != 0).count())
+            .collect()
+    }
+
+    /// `[batch, len]` int tensor of the ids.
+    pub fn ids_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
+        let v: Vec<i64> = self.ids.iter().map(|&x| x as i64).collect();
+        Tensor::<B, 1, Int>::from_data(TensorData::new(v, [self.ids.len()]), device)
+            .reshape([self.batch, self.len])
+    }
+
+    /// `[batch, len]` int tensor of the attention mask.
+    pub fn mask_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
+        mask_tensor(&self.attention_mask, self.batch, self.len, device)
+    }
+}
+
+/// `[batch, len]` int tensor from a row-major 0/1 mask.
+pub fn mask_tensor<B: Backend>(
+    mask: &[u32],
+    batch: usize,
+    len: usize,
+    device: &B::Device,
+) -> Tensor<B, 2, Int> {
+    let v: Vec<i64> = mask.iter().map(|&x| x as i64).collect();
+    Tensor::<B, 1, Int>::from_data(TensorData::new(v, [mask.len()]), device).reshape([batch, len])
+}
+
+/// Rotary position ids of a batch: `streams` position streams (3 for multimodal RoPE, 1 for plain
+/// RoPE), row-major `[streams, batch, len]`, plus the per-row delta used when decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PositionIds {
+    pub streams: usize,
+    pub batch: usize,
+    pub len: usize,
+    /// `streams * batch * len` positions; 0 at padding positions.
+    pub ids: Vec<i64>,
+    /// Per row: `max position of the row + 1 − number of real tokens` (0 for plain positions).
+    pub rope_deltas: Vec<i64>,
+}
+
+impl PositionIds {
+    /// `[streams, batch, len]` int tensor.
+    pub fn tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 3, Int> {
+        Tensor::<B, 1, Int>::from_data(TensorData::new(self.ids.clone(), [self.ids.len()]), device)
+            .reshape([self.streams, self.batch, self.len])
+    }
+
+    /// Positions of the next single token of each row during decoding, given how many real
+    /// tokens (prompt + already generated) row b holds before it: `real_b + rope_deltas[b]` on
+    /// every stream (HF Qwen2-VL `get_rope_index` continuation; plain RoPE has delta 0).
+    pub fn decode_step(&self, real_lengths: &[usize]) -> PositionIds {
+        let mut ids = Vec::with_capacity(self.streams * self.batch);
+        for _ in 0..self.streams {
+            for (b, &n) in real_lengths.iter().enumerate() {
+                ids.push(n as i64 + self.rope_deltas[b]);
+            }
+        }
+        PositionIds {
+            streams: self.streams,
+            batch: self.batch,
+            len: 1,
+            ids,
+            rope_deltas: self.rope_deltas.clone(),
+        }
+    }
+}
+
+/// Plain 1-D positions from the attention mask, for families without multimodal RoPE:
+/// `position = cumsum(mask) − 1` at real tokens, 0 at padding, delta 0.
+pub fn plain_positions(batch: &PaddedBatch) -> PositionIds {
+    let mut ids = Vec::with_capacity(batch.batch * batch.len);
+    for b in 0..batch.batch {
+        let mut cur = 0i64;
+        for &m in batch.mask_row(b) {
+            if m != 0 {
+                ids.push(cur);
+                cur += 1;
+            } else {
+                ids.push(0);
+            }
+        }
+    }
+    PositionIds {
+        streams: 1,
+        batch: batch.batch,
+        len: batch.len,
+        ids,
+        rope_deltas: vec![0; batch.batch],
+    }
+}
+
+/// Position-id capability of models with multimodal RoPE (Qwen2-VL: three streams T/H/W).
+/// Models without it use [`plain_positions`].
+pub trait MultimodalPositions: Send + Sync {
+    /// Position ids and rope deltas of a left-padded prompt batch whose image placeholders are
+    /// already expanded; `images` are in prompt order (row-major over the batch).
+    fn position_ids(&self, batch: &PaddedBatch, images: &[ProcessedImage]) -> Result<PositionIds>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Causal LM and vision capabilities (device side)
+// ---------------------------------------------------------------------------------------------
+
+/// Per-layer key/value cache for incremental decoding. Keys and values are stored after RoPE,
+/// `[batch, kv_heads, cached_len, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    pub(crate) layers: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for `num_layers` decoder layers.
+    pub fn new(num_layers: usize) -> Self {
+        Self {
+            layers: vec![None; num_layers],
+        }
+    }
+
+    /// Number of cached positions (0 when empty).
+    pub fn len(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map(|(k, _)| k.dims()[2])
+            .unwrap_or(0)
+    }
+
+    /// True when nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps only the given batch rows (e.g. to drop finished sequences).
+    pub fn select_rows(&mut self, rows: &[usize]) {
+        for (k, v) in self.layers.iter_mut().flatten() {
+            let device = k.device();
+            let idx = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(rows.iter().map(|&r| r as i64).collect(), [rows.len()]),
+                &device,
+            );
+            *k = k.clone().select(0, idx.clone());
+            *v = v.clone().select(0, idx);
+        }
+    }
+}
+
+/// A decoder-only language model: embeddings in, hidden states out; the LM head is separate so
+/// callers can project only the positions they need (e.g. response tokens, in chunks).
+pub trait CausalLm<B: Backend> {
+    /// Token embeddings `[batch, len, hidden]` of `ids` `[batch, len]`.
+    fn embed_tokens(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3>;
+
+    /// Runs the decoder over `embeds` `[batch, len, hidden]` at `positions`
+    /// `[streams, batch, len]` and returns the final-normed hidden states `[batch, len, hidden]`.
+    ///
+    /// `attention_mask` `[batch, cached + len]` covers every key: the cached ones first, then the
+    /// new ones (1 = attend, 0 = padding); attention is also causal. With a cache, the new keys and
+    /// values are appended to it.
+    fn forward_hidden(
+        &self,
+        embeds: Tensor<B, 3>,
+        positions: Tensor<B, 3, Int>,
+        attention_mask: Tensor<B, 2, Int>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3>;
+
+    /// Logits `[batch, len, vocab]` of final-normed hidden states.
+    fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3>;
+
+    /// An empty KV cache sized for this model.
+    fn new_cache(&self) -> KvCache<B>;
+
+    fn vocab_size(&self) -> usize;
+    /// Token ids that end a generation.
+    fn eos_token_ids(&self) -> Vec<u32>;
+    /// Maximum sequence length (prompt + response) the model supports.
+    fn context_length(&self) -> usize;
+    /// Hidden width of the decoder.
+    fn hidden_size(&self) -> usize;
+}
+
+/// A vision tower: processed images to embeddings in the text model's hidden width.
+pub trait Vision<B: Backend> {
+    /// The token id whose positions receive image embeddings.
+    fn image_token_id(&self) -> u32;
+
+    /// Embeddings `[Σ num_tokens, hidden]` of `images`, concatenated in order.
+    fn embed_images(&self, images: &[ProcessedImage], device: &B::Device) -> Result<Tensor<B, 2>>;
+}
+
+/// Replaces the embeddings at the positions where `ids == image_token_id` (row-major over
+/// `[batch, len]`) by the rows of `image_embeds`, in order. Differentiable in both inputs
+/// (a `select` over the concatenation `[text rows; image rows]`).
+pub fn scatter_image_embeddings<B: Backend>(
+    text_embeds: Tensor<B, 3>,
+    ids: &[u32],
+    image_token_id: u32,
+    image_embeds: Tensor<B, 2>,
+) -> Result<Tensor<B, 3>> {
+    let [batch, len, hidden] = text_embeds.dims();
+    ensure!(ids.len() == batch * len, "ids do not match the embeddings");
+    let [n_image, image_hidden] = image_embeds.dims();
+    ensure!(
+        image_hidden == hidden,
+        "image embeddings are {image_hidden} wide, text embeddings {hidden}"
+    );
+    let n_tokens = ids.iter().filter(|&&t| t == image_token_id).count();
+    ensure!(
+        n_tokens == n_image,
+        "the prompts hold {n_tokens} image tokens but the images give {n_image} embeddings"
+    );
+    if n_image == 0 {
+        return Ok(text_embeds);
+    }
+    let mut next = batch * len;
+    let index: Vec<i64> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            if t == image_token_id {
+                next += 1;
+                (next - 1) as i64
+            } else {
+                i as i64
+            }
+        })
+        .collect();
+    let device = text_embeds.device();
+    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(index, [batch * len]), &device);
+    let rows = Tensor::cat(
+        vec![text_embeds.reshape([batch * len, hidden]), image_embeds],
+        0,
+    );
+    Ok(rows.select(0, index).reshape([batch, len, hidden]))
+}

@@ -1,0 +1,13 @@
+//! flowrl-models: model families behind capability traits.
+//!
+//! - [`capabilities`]: the traits nodes use (`CausalLm`, `Vision`, `MultimodalPositions`,
+//!   `ImageProcessor`) and shared host-side types.
+//! - [`registry`]: `config.json`'s `model_type` → family.
+
+pub mod capabilities;
+pub mod registry;
+
+pub use capabilities::{
+    CausalLm, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch, PositionIds,
+    ProcessedImage, Vision, load_image_processor, plain_positions, scatter_image_embeddings,
+};
