@@ -31,6 +31,10 @@ pub struct ProcessedImage {
     pub grid: Vec<usize>,
     /// Number of image tokens it becomes in the prompt.
     pub num_tokens: usize,
+    /// Per row of `pixel_values`, the patch's `(x, y)` = (column, row) in the patch grid and
+    /// `(-1, -1)` on padding rows; `None` where the layout follows from `grid` alone (Qwen).
+    /// Gemma 4: `max_patches` entries (the vision tower's `pixel_position_ids`).
+    pub patch_positions: Option<Vec<[i64; 2]>>,
 }
 
 /// Turns pictures into model inputs and tells how the prompt's image placeholder expands.
