@@ -280,11 +280,16 @@ pub trait CausalLm<B: Backend> {
     /// Runs the decoder over `embeds` `[batch, len, hidden]` at `positions`
     /// `[streams, batch, len]` and returns the final-normed hidden states `[batch, len, hidden]`.
     ///
+    /// `ids` `[batch, len]` are the token ids `embeds` were made from (image placeholder ids
+    /// included, even where image embeddings replaced their rows): families with token-identity
+    /// inputs inside the decoder (Gemma 4's per-layer embeddings) read them; others ignore them.
+    ///
     /// `attention_mask` `[batch, cached + len]` covers every key: the cached ones first, then the
     /// new ones (1 = attend, 0 = padding); attention is also causal. With a cache, the new keys and
     /// values are appended to it.
     fn forward_hidden(
         &self,
+        ids: Tensor<B, 2, Int>,
         embeds: Tensor<B, 3>,
         positions: Tensor<B, 3, Int>,
         attention_mask: Tensor<B, 2, Int>,

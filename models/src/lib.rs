@@ -5,7 +5,12 @@
 //! - [`registry`]: `config.json`'s `model_type` → family.
 
 pub mod capabilities;
+pub mod gemma4;
+pub mod generate;
+pub mod image;
+pub mod qwen2_vl;
 pub mod registry;
+pub mod sampling;
 
 pub use capabilities::{
     CausalLm, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch, PositionIds,
