@@ -163,7 +163,10 @@ impl Code {
             (Code::MissingInput, "required input not wired"),
             (Code::BadWiring, "input not of the form \"node.port\""),
             (Code::Cycle, "cycle in one step of the graph"),
-            (Code::Constraint, "constraint of a node or resource kind violated"),
+            (
+                Code::Constraint,
+                "constraint of a node or resource kind violated",
+            ),
             (Code::BadOverride, "--set override cannot be applied"),
         ]
     }
@@ -320,9 +323,14 @@ fn render_one(out: &mut String, d: &Diagnostic, sources: &SourceMap) {
         let line_len = text.chars().count();
         let span_chars = src
             .text
-            .get(floor_char_boundary(&src.text, span.start)..floor_char_boundary(&src.text, span.end.min(src.text.len())))
+            .get(
+                floor_char_boundary(&src.text, span.start)
+                    ..floor_char_boundary(&src.text, span.end.min(src.text.len())),
+            )
             .map_or(1, |s| s.split('\n').next().unwrap_or("").chars().count());
-        let len = span_chars.max(1).min(line_len.saturating_sub(col - 1).max(1));
+        let len = span_chars
+            .max(1)
+            .min(line_len.saturating_sub(col - 1).max(1));
         let mark = if i == 0 { "^" } else { "-" };
         let _ = write!(out, "{pad} | {}{}", " ".repeat(col - 1), mark.repeat(len));
         match label {
@@ -353,10 +361,16 @@ mod tests {
             .with_label("not a registered kind")
             .with_help("did you mean `rollout`?");
         let text = render(&[d], &sm);
-        assert!(text.contains("error[E0201]: unknown node kind `rollot`"), "{text}");
+        assert!(
+            text.contains("error[E0201]: unknown node kind `rollot`"),
+            "{text}"
+        );
         assert!(text.contains("--> g.toml:2:8"), "{text}");
         assert!(text.contains("2 | kind = \"rollot\""), "{text}");
-        assert!(text.contains("  |        ^^^^^^^^ not a registered kind"), "{text}");
+        assert!(
+            text.contains("  |        ^^^^^^^^ not a registered kind"),
+            "{text}"
+        );
         assert!(text.contains("= help: did you mean `rollout`?"), "{text}");
         assert!(text.ends_with("1 error found\n"), "{text}");
     }

@@ -1,1 +1,39 @@
-//! flowrl-engine
+//! flowrl-engine: turns a TOML graph of typed nodes into a checked, scheduled, repeatable training
+//! run.
+//!
+//! The path a graph takes: TOML text → spanned document (`spec`) → checked typed [`Graph`]
+//! (`compile`, reporting [`Diagnostic`]s) → built nodes and resources → steps run by the scheduler
+//! (`run`), with metrics, checkpoints and progress. Node kinds plug in through the [`NodeKind`] /
+//! [`Node`] traits (see [`node`]); the engine never imports a concrete node kind.
+
+pub mod compile;
+pub mod context;
+pub mod device;
+pub mod diagnostic;
+pub mod graph;
+pub mod node;
+pub mod params;
+pub mod port;
+pub mod registry;
+pub mod resource;
+pub mod rundir;
+pub mod scheduler;
+pub mod session;
+pub mod spec;
+pub mod value;
+
+pub use compile::{Failure, compile};
+pub use context::{BuildContext, StepContext, derive_seed};
+pub use device::{DeviceRequest, DeviceSpec};
+pub use diagnostic::{Code, Diagnostic, Severity, Span};
+pub use graph::{Graph, RunConfig};
+pub use node::{Node, NodeKind, NodeView, ResourceView, ValidateCtx};
+pub use params::{ParamSpec, ParamType, Params};
+pub use port::{PortSpec, PortType};
+pub use registry::{NodeKindRegistration, Registry, ResourceKindRegistration};
+pub use resource::{ResourceKind, ResourceValue, Resources};
+pub use session::{RunState, Session, StepReport};
+pub use value::{Inputs, Outputs, Value};
+
+#[doc(hidden)]
+pub use inventory;

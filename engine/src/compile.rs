@@ -1,0 +1,1120 @@
+//! The graph compiler: TOML text (+ `--set` overrides) → a checked, typed [`Graph`].
+//!
+//! Stages, in order; each collects every problem it finds before the next one runs, and all
+//! diagnostics are reported together, sorted by position:
+//! 1. **syntax** — parse with spans ([`crate::spec`]); apply overrides (errors point at the override);
+//! 2. **shape** — known sections; `[run]`, each resource section and each node table checked
+//!    against its schema: unknown keys (did-you-mean), required keys, types, ranges, enum values;
+//!    unknown node kinds (did-you-mean);
+//! 3. **resources** — resource-typed parameters name a declared resource of the right kind;
+//! 4. **wiring** — every `inputs` entry names a known input port and an existing `node.port`, the
+//!    port types agree (both ends and both types named), every required input is wired;
+//! 5. **cycles** — one step is a DAG; a cycle is printed as its whole chain;
+//! 6. **constraints** — when everything above passed, each kind's `validate` hook.
+
+use crate::device::DeviceRequest;
+use crate::diagnostic::{self, Code, Diagnostic, SourceId, SourceMap, Span, did_you_mean};
+use crate::graph::{Edge, Graph, GraphNode, GraphResource, RunConfig, SpanIndex};
+use crate::node::{NodeKind, Subject, ValidateCtx};
+use crate::params::{ParamSpec, ParamType, Params};
+use crate::port::PortSpec;
+use crate::registry::Registry;
+use crate::resource::ResourceKind;
+use crate::spec::{self, SEntry, SKind, STable, SValue, with_article};
+use petgraph::graph::DiGraph;
+use serde_json::Value as Json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Keys of a node table that belong to the engine, not to the kind's parameters.
+pub const NODE_KEYS: &[&str] = &["kind", "inputs", "device", "timing"];
+
+/// A failed compilation: the diagnostics (errors and warnings) and the sources they point into.
+#[derive(Debug)]
+pub struct Failure {
+    pub diagnostics: Vec<Diagnostic>,
+    pub sources: SourceMap,
+}
+
+impl Failure {
+    /// The diagnostics rendered as text.
+    pub fn render(&self) -> String {
+        diagnostic::render(&self.diagnostics, &self.sources)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render())
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// The `[run]` section's schema.
+pub fn run_params() -> Vec<ParamSpec> {
+    vec![
+        ParamSpec::int("steps")
+            .default(1)
+            .min(1.0)
+            .doc("training steps (each runs the whole graph once); `--steps` overrides"),
+        ParamSpec::int("seed")
+            .default(0)
+            .min(0.0)
+            .doc("run seed; every random draw derives from (seed, step, node name)"),
+        ParamSpec::string("device")
+            .default("auto")
+            .doc("`auto` | `cpu` | `cuda` | `cuda:N`; `auto` is CUDA when built with it and a GPU is present"),
+        ParamSpec::path("out")
+            .doc("run directory; default: a new timestamped directory under `runs/`"),
+        ParamSpec::int("checkpoint_every")
+            .default(0)
+            .min(0.0)
+            .doc("write a checkpoint every N steps and after the last step (0: never)"),
+        ParamSpec::int("keep_checkpoints")
+            .default(2)
+            .min(1.0)
+            .doc("how many of the newest checkpoints to keep"),
+        ParamSpec::int("workers")
+            .default(0)
+            .min(0.0)
+            .doc("worker threads running ready nodes concurrently (0: one per CPU core)"),
+        ParamSpec::bool("plot")
+            .default(true)
+            .doc("draw plots of the main curves into the run directory at the end"),
+    ]
+}
+
+/// Compiles a graph file. `name` is how the file is shown in diagnostics (its path).
+pub fn compile(
+    registry: &Registry,
+    name: &str,
+    text: &str,
+    overrides: &[String],
+) -> Result<(Graph, Vec<Diagnostic>), Failure> {
+    let mut sources = SourceMap::default();
+    let file = sources.add(name, text);
+    let fail = |mut diagnostics: Vec<Diagnostic>, sources: SourceMap| {
+        diagnostic::sort(&mut diagnostics);
+        Err(Failure {
+            diagnostics,
+            sources,
+        })
+    };
+
+    // Stage 1: syntax and overrides.
+    let mut doc = match spec::parse(text, file) {
+        Ok(doc) => doc,
+        Err(d) => return fail(d, sources),
+    };
+    let mut diags = Vec::new();
+    for (i, arg) in overrides.iter().enumerate() {
+        let id = sources.add(format!("--set #{}", i + 1), arg.clone());
+        if let Err(d) = spec::apply_override(&mut doc, arg, id) {
+            diags.push(d);
+        }
+    }
+
+    let mut c = Compiler {
+        registry,
+        diags,
+        file,
+    };
+    // Stage 2: shape.
+    let run = c.check_run(&doc);
+    let resources = c.check_resources(&doc);
+    let nodes = c.check_nodes(&doc);
+    c.check_sections(&doc);
+    // Stage 3: resource references.
+    let resource_deps = c.check_resource_refs(&resources, &nodes);
+    // Stage 4: wiring.
+    let edges = c.check_wiring(&nodes);
+    // Stage 5: cycles.
+    let order = c.check_cycles(&nodes, &edges);
+
+    if c.diags.iter().any(Diagnostic::is_error) {
+        return fail(c.diags, sources);
+    }
+    let order = order.expect("no cycle when there is no error");
+    let resolved = toml::to_string(
+        &SValue {
+            kind: SKind::Table(doc.clone()),
+            span: Span::default(),
+        }
+        .to_toml(),
+    )
+    .unwrap_or_default();
+
+    let mut dag = DiGraph::new();
+    let idx: Vec<_> = (0..nodes.len()).map(|i| dag.add_node(i)).collect();
+    for (to, es) in edges.iter().enumerate() {
+        for e in es {
+            dag.add_edge(idx[e.from], idx[to], ());
+        }
+    }
+    let graph = Graph {
+        run: run.expect("run section checked"),
+        nodes: nodes
+            .into_iter()
+            .zip(edges)
+            .map(|(n, inputs)| GraphNode {
+                name: n.name,
+                kind: n.kind.expect("kinds resolved"),
+                params: n.params,
+                inputs,
+                device: n.device,
+                timing_key: n.timing_key,
+                spans: n.spans,
+            })
+            .collect(),
+        resources: resources
+            .into_iter()
+            .zip(resource_deps)
+            .map(|(r, depends)| GraphResource {
+                name: r.name,
+                kind: r.kind,
+                params: r.params,
+                depends,
+                spans: r.spans,
+            })
+            .collect(),
+        order,
+        dag,
+        sources,
+        resolved,
+    };
+
+    // Stage 6: constraints declared by kinds.
+    let mut diags = c.diags;
+    for i in 0..graph.resources.len() {
+        let ctx = ValidateCtx {
+            graph: &graph,
+            subject: Subject::Resource(i),
+        };
+        diags.extend(graph.resources[i].kind.validate(&ctx));
+    }
+    for i in 0..graph.nodes.len() {
+        let ctx = ValidateCtx {
+            graph: &graph,
+            subject: Subject::Node(i),
+        };
+        diags.extend(graph.nodes[i].kind.validate(&ctx));
+    }
+    if diags.iter().any(Diagnostic::is_error) {
+        return fail(diags, graph.sources);
+    }
+    diagnostic::sort(&mut diags);
+    Ok((graph, diags))
+}
+
+/// A node after the shape stage.
+struct NodeDraft<'d> {
+    name: String,
+    kind: Option<Arc<dyn NodeKind>>,
+    params: Params,
+    inputs: Option<&'d SEntry>,
+    device: Option<DeviceRequest>,
+    timing_key: String,
+    spans: SpanIndex,
+    /// Resource references: (param path, resource kind, name, span).
+    refs: Vec<ResourceRef>,
+}
+
+struct ResourceDraft {
+    name: String,
+    kind: Arc<dyn ResourceKind>,
+    params: Params,
+    spans: SpanIndex,
+    refs: Vec<ResourceRef>,
+}
+
+#[derive(Clone)]
+struct ResourceRef {
+    path: String,
+    kind: String,
+    name: String,
+    span: Span,
+}
+
+struct Compiler<'r> {
+    registry: &'r Registry,
+    diags: Vec<Diagnostic>,
+    file: SourceId,
+}
+
+fn table_of<'a>(e: &'a SEntry, what: &str, diags: &mut Vec<Diagnostic>) -> Option<&'a STable> {
+    match &e.value.kind {
+        SKind::Table(t) => Some(t),
+        other => {
+            diags.push(
+                Diagnostic::error(
+                    Code::WrongType,
+                    format!(
+                        "{what} must be a table, found {}",
+                        with_article(other.type_name())
+                    ),
+                )
+                .at(e.value.span)
+                .with_help(format!("write it as a section: `[{}]`", e.key)),
+            );
+            None
+        }
+    }
+}
+
+impl Compiler<'_> {
+    fn check_sections(&mut self, doc: &STable) {
+        let mut known = vec!["run".to_string(), "nodes".to_string()];
+        known.extend(
+            self.registry
+                .resource_kinds()
+                .map(|k| k.section().to_string()),
+        );
+        for e in &doc.entries {
+            if known.iter().any(|k| *k == e.key) {
+                continue;
+            }
+            let mut d =
+                Diagnostic::error(Code::UnknownSection, format!("unknown section `{}`", e.key))
+                    .at(e.key_span);
+            d = match did_you_mean(&e.key, known.iter().map(String::as_str)) {
+                Some(h) => d.with_help(h),
+                None => d.with_help(format!("sections are: {}", known.join(", "))),
+            };
+            self.diags.push(d);
+        }
+        if doc.get("nodes").is_none() {
+            self.diags.push(
+                Diagnostic::error(Code::MissingParam, "the graph has no `[nodes.*]` section")
+                    .at(Span::new(self.file, 0, 0))
+                    .with_help("declare nodes as `[nodes.NAME]` tables with `kind = \"...\"`"),
+            );
+        }
+    }
+
+    fn check_run(&mut self, doc: &STable) -> Option<RunConfig> {
+        let empty = STable::default();
+        let (table, header) = match doc.get("run") {
+            Some(e) => (table_of(e, "`run`", &mut self.diags)?, e.key_span),
+            None => (&empty, Span::new(self.file, 0, 0)),
+        };
+        let mut spans = SpanIndex {
+            header,
+            ..Default::default()
+        };
+        let mut refs = Vec::new();
+        let map = check_params(
+            table,
+            &run_params(),
+            &[],
+            "the `[run]` section",
+            "",
+            &mut spans,
+            &mut refs,
+            &mut self.diags,
+        );
+        let params = Params::from_map(map);
+        if let Some(dev) = params.get_str("device")
+            && let Err(msg) = dev.parse::<DeviceRequest>()
+        {
+            self.diags
+                .push(Diagnostic::error(Code::InvalidValue, msg).at(spans.value_span("device")));
+        }
+        params.parse::<RunConfig>().ok()
+    }
+
+    fn check_resources(&mut self, doc: &STable) -> Vec<ResourceDraft> {
+        let mut out = Vec::new();
+        for section in &doc.entries {
+            let Some(kind) = self
+                .registry
+                .resource_kind_for_section(&section.key)
+                .cloned()
+            else {
+                continue;
+            };
+            let Some(table) = table_of(section, &format!("`{}`", section.key), &mut self.diags)
+            else {
+                continue;
+            };
+            for e in &table.entries {
+                let what = format!("`[{}.{}]`", section.key, e.key);
+                let Some(t) = table_of(e, &what, &mut self.diags) else {
+                    continue;
+                };
+                let mut spans = SpanIndex {
+                    header: e.key_span,
+                    ..Default::default()
+                };
+                let mut refs = Vec::new();
+                let desc = format!("{} ({} resource)", what, kind.name());
+                let map = check_params(
+                    t,
+                    &kind.params(),
+                    &[],
+                    &desc,
+                    "",
+                    &mut spans,
+                    &mut refs,
+                    &mut self.diags,
+                );
+                out.push(ResourceDraft {
+                    name: e.key.clone(),
+                    kind: kind.clone(),
+                    params: Params::from_map(map),
+                    spans,
+                    refs,
+                });
+            }
+        }
+        out
+    }
+
+    fn check_nodes<'d>(&mut self, doc: &'d STable) -> Vec<NodeDraft<'d>> {
+        let mut out = Vec::new();
+        let Some(section) = doc.get("nodes") else {
+            return out;
+        };
+        let Some(table) = table_of(section, "`nodes`", &mut self.diags) else {
+            return out;
+        };
+        for e in &table.entries {
+            let what = format!("node `{}`", e.key);
+            let Some(t) = table_of(e, &what, &mut self.diags) else {
+                continue;
+            };
+            let mut spans = SpanIndex {
+                header: e.key_span,
+                ..Default::default()
+            };
+            let kind = match t.get("kind") {
+                None => {
+                    self.diags.push(
+                        Diagnostic::error(Code::MissingParam, format!("{what} has no `kind`"))
+                            .at(e.key_span)
+                            .with_help("add `kind = \"...\"`; `flowrl nodes` lists the kinds"),
+                    );
+                    None
+                }
+                Some(k) => {
+                    spans.values.insert("kind".into(), k.value.span);
+                    match k.value.as_str() {
+                        None => {
+                            self.diags
+                                .push(wrong_type(&k.value, &ParamType::String, "kind"));
+                            None
+                        }
+                        Some(name) => match self.registry.kind(name) {
+                            Some(kind) => Some(kind.clone()),
+                            None => {
+                                let names: Vec<&str> =
+                                    self.registry.kinds().map(|k| k.name()).collect();
+                                let help = did_you_mean(name, names.iter().copied())
+                                    .unwrap_or_else(|| {
+                                        "`flowrl nodes` lists the registered kinds".into()
+                                    });
+                                self.diags.push(
+                                    Diagnostic::error(
+                                        Code::UnknownKind,
+                                        format!("unknown node kind `{name}`"),
+                                    )
+                                    .at(k.value.span)
+                                    .with_label("not a registered node kind")
+                                    .with_help(help),
+                                );
+                                None
+                            }
+                        },
+                    }
+                }
+            };
+            let device = t.get("device").and_then(|d| {
+                spans.values.insert("device".into(), d.value.span);
+                match d.value.as_str().map(str::parse::<DeviceRequest>) {
+                    Some(Ok(r)) => Some(r),
+                    Some(Err(msg)) => {
+                        self.diags
+                            .push(Diagnostic::error(Code::InvalidValue, msg).at(d.value.span));
+                        None
+                    }
+                    None => {
+                        self.diags
+                            .push(wrong_type(&d.value, &ParamType::String, "device"));
+                        None
+                    }
+                }
+            });
+            let timing_key = match t.get("timing") {
+                Some(tk) => match tk.value.as_str() {
+                    Some(s) => s.to_string(),
+                    None => {
+                        self.diags
+                            .push(wrong_type(&tk.value, &ParamType::String, "timing"));
+                        e.key.clone()
+                    }
+                },
+                None => kind
+                    .as_ref()
+                    .and_then(|k| k.timing_key().map(str::to_string))
+                    .unwrap_or_else(|| e.key.clone()),
+            };
+            let inputs = t.get("inputs");
+            if let Some(i) = inputs {
+                spans.keys.insert("inputs".into(), i.key_span);
+                spans.values.insert("inputs".into(), i.value.span);
+            }
+            let mut refs = Vec::new();
+            let params = match &kind {
+                Some(kind) => {
+                    let desc = format!("{what} (kind `{}`)", kind.name());
+                    check_params(
+                        t,
+                        &kind.params(),
+                        NODE_KEYS,
+                        &desc,
+                        "",
+                        &mut spans,
+                        &mut refs,
+                        &mut self.diags,
+                    )
+                }
+                None => serde_json::Map::new(),
+            };
+            out.push(NodeDraft {
+                name: e.key.clone(),
+                kind,
+                params: Params::from_map(params),
+                inputs,
+                device,
+                timing_key,
+                spans,
+                refs,
+            });
+        }
+        out
+    }
+
+    /// Resolves resource references; returns each resource's dependencies.
+    fn check_resource_refs(
+        &mut self,
+        resources: &[ResourceDraft],
+        nodes: &[NodeDraft<'_>],
+    ) -> Vec<Vec<usize>> {
+        let check = |r: &ResourceRef, diags: &mut Vec<Diagnostic>| -> Option<usize> {
+            if let Some(i) = resources.iter().position(|d| d.name == r.name) {
+                let actual = resources[i].kind.name();
+                if actual == r.kind {
+                    return Some(i);
+                }
+                diags.push(
+                    Diagnostic::error(
+                        Code::UnknownResource,
+                        format!(
+                            "`{}` expects a {} resource, but `{}` is a {actual}",
+                            r.path, r.kind, r.name
+                        ),
+                    )
+                    .at(r.span)
+                    .with_note(
+                        resources[i].spans.header,
+                        format!("`{}` is declared here", r.name),
+                    ),
+                );
+                return None;
+            }
+            let same: Vec<&str> = resources
+                .iter()
+                .filter(|d| d.kind.name() == r.kind)
+                .map(|d| d.name.as_str())
+                .collect();
+            let section = self
+                .registry
+                .resource_kind(&r.kind)
+                .map_or_else(|| r.kind.clone(), |k| k.section().to_string());
+            let help = did_you_mean(&r.name, same.iter().copied()).unwrap_or_else(|| {
+                if same.is_empty() {
+                    format!("declare it as `[{section}.{}]`", r.name)
+                } else {
+                    format!("declared {} resources: {}", r.kind, same.join(", "))
+                }
+            });
+            diags.push(
+                Diagnostic::error(
+                    Code::UnknownResource,
+                    format!("unknown {} resource `{}`", r.kind, r.name),
+                )
+                .at(r.span)
+                .with_help(help),
+            );
+            None
+        };
+        for n in nodes {
+            for r in &n.refs {
+                check(r, &mut self.diags);
+            }
+        }
+        let deps: Vec<Vec<usize>> = resources
+            .iter()
+            .map(|d| {
+                d.refs
+                    .iter()
+                    .filter_map(|r| check(r, &mut self.diags))
+                    .collect()
+            })
+            .collect();
+        // Resources referring to each other in a loop.
+        let mut g = DiGraph::<usize, ()>::new();
+        let ix: Vec<_> = (0..resources.len()).map(|i| g.add_node(i)).collect();
+        for (i, ds) in deps.iter().enumerate() {
+            for &d in ds {
+                g.add_edge(ix[d], ix[i], ());
+            }
+        }
+        for scc in petgraph::algo::tarjan_scc(&g) {
+            let self_loop = scc.len() == 1 && deps[g[scc[0]]].contains(&g[scc[0]]);
+            if scc.len() > 1 || self_loop {
+                let mut names: Vec<&str> =
+                    scc.iter().map(|&n| resources[g[n]].name.as_str()).collect();
+                names.sort();
+                let first = resources
+                    .iter()
+                    .position(|r| r.name == names[0])
+                    .unwrap_or(0);
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::Cycle,
+                        format!(
+                            "resources refer to each other in a cycle: {}",
+                            names.join(", ")
+                        ),
+                    )
+                    .at(resources[first].spans.header),
+                );
+            }
+        }
+        deps
+    }
+
+    fn check_wiring(&mut self, nodes: &[NodeDraft<'_>]) -> Vec<Vec<Edge>> {
+        let mut all = Vec::new();
+        for n in nodes {
+            let mut edges = Vec::new();
+            let Some(kind) = &n.kind else {
+                all.push(edges);
+                continue;
+            };
+            let specs = kind.inputs();
+            let variadic = specs.iter().find(|s| s.variadic);
+            let what = format!("node `{}` (kind `{}`)", n.name, kind.name());
+            let mut wired: Vec<&str> = Vec::new();
+            if let Some(inputs) = n.inputs
+                && let Some(table) = table_of(inputs, "`inputs`", &mut self.diags)
+            {
+                for e in &table.entries {
+                    wired.push(&e.key);
+                    if let Some(edge) = self.check_edge(n, &what, &specs, variadic, e, nodes) {
+                        edges.push(edge);
+                    }
+                }
+            }
+            for s in specs.iter().filter(|s| !s.optional && !s.variadic) {
+                if wired.contains(&s.name.as_str()) {
+                    continue;
+                }
+                let producers: Vec<String> = nodes
+                    .iter()
+                    .filter(|m| m.name != n.name)
+                    .flat_map(|m| {
+                        m.kind.iter().flat_map(move |k| {
+                            k.outputs()
+                                .into_iter()
+                                .filter(|o| s.ty.accepts(o.ty))
+                                .map(move |o| format!("{}.{}", m.name, o.name))
+                        })
+                    })
+                    .collect();
+                let help = match producers.first() {
+                    Some(p) => format!("wire it: `inputs = {{ {} = \"{p}\" }}`", s.name),
+                    None => format!("no node in this graph produces {}", s.ty),
+                };
+                let at = n.inputs.map_or(n.spans.header, |i| i.key_span);
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::MissingInput,
+                        format!(
+                            "{what} needs input `{}` ({}), which is not wired",
+                            s.name, s.ty
+                        ),
+                    )
+                    .at(at)
+                    .with_help(help),
+                );
+            }
+            all.push(edges);
+        }
+        all
+    }
+
+    fn check_edge(
+        &mut self,
+        n: &NodeDraft<'_>,
+        what: &str,
+        specs: &[PortSpec],
+        variadic: Option<&PortSpec>,
+        e: &SEntry,
+        nodes: &[NodeDraft<'_>],
+    ) -> Option<Edge> {
+        let spec = match specs.iter().find(|s| !s.variadic && s.name == e.key) {
+            Some(s) => s,
+            None => match variadic {
+                Some(v) => v,
+                None => {
+                    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+                    let help = did_you_mean(&e.key, names.iter().copied()).unwrap_or_else(|| {
+                        if names.is_empty() {
+                            "this kind takes no inputs".to_string()
+                        } else {
+                            format!("its inputs are: {}", names.join(", "))
+                        }
+                    });
+                    self.diags.push(
+                        Diagnostic::error(
+                            Code::UnknownPort,
+                            format!("{what} has no input port `{}`", e.key),
+                        )
+                        .at(e.key_span)
+                        .with_help(help),
+                    );
+                    return None;
+                }
+            },
+        };
+        let Some(target) = e.value.as_str() else {
+            self.diags.push(wrong_type(
+                &e.value,
+                &ParamType::String,
+                &format!("inputs.{}", e.key),
+            ));
+            return None;
+        };
+        let Some((src, port)) = target
+            .rsplit_once('.')
+            .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        else {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::BadWiring,
+                    format!(
+                        "input `{}` of node `{}` must be \"node.port\", found \"{target}\"",
+                        e.key, n.name
+                    ),
+                )
+                .at(e.value.span)
+                .with_help(format!("e.g. `{} = \"data.prompts\"`", e.key)),
+            );
+            return None;
+        };
+        let Some(from) = nodes.iter().position(|m| m.name == src) else {
+            let help =
+                did_you_mean(src, nodes.iter().map(|m| m.name.as_str())).unwrap_or_else(|| {
+                    let all: Vec<&str> = nodes.iter().map(|m| m.name.as_str()).collect();
+                    format!("the nodes are: {}", all.join(", "))
+                });
+            self.diags.push(
+                Diagnostic::error(
+                    Code::UnknownNode,
+                    format!(
+                        "input `{}` of node `{}` is wired to unknown node `{src}`",
+                        e.key, n.name
+                    ),
+                )
+                .at(e.value.span)
+                .with_help(help),
+            );
+            return None;
+        };
+        let src_kind = nodes[from].kind.as_ref()?;
+        let outs = src_kind.outputs();
+        let Some(out) = outs.iter().find(|o| o.name == port) else {
+            let names: Vec<&str> = outs.iter().map(|o| o.name.as_str()).collect();
+            let help = did_you_mean(port, names.iter().copied()).unwrap_or_else(|| {
+                if names.is_empty() {
+                    format!("`{src}` (kind `{}`) has no outputs", src_kind.name())
+                } else {
+                    format!(
+                        "`{src}` (kind `{}`) produces: {}",
+                        src_kind.name(),
+                        names.join(", ")
+                    )
+                }
+            });
+            self.diags.push(
+                Diagnostic::error(
+                    Code::UnknownOutput,
+                    format!(
+                        "node `{src}` (kind `{}`) has no output port `{port}`",
+                        src_kind.name()
+                    ),
+                )
+                .at(e.value.span)
+                .with_help(help),
+            );
+            return None;
+        };
+        if !spec.ty.accepts(out.ty) {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::PortTypeMismatch,
+                    format!(
+                        "`{}.{}` expects {}, got {} from `{src}.{port}`",
+                        n.name, e.key, spec.ty, out.ty
+                    ),
+                )
+                .at(e.value.span)
+                .with_label(format!("this is {}", out.ty))
+                .with_note(
+                    nodes[from].spans.header,
+                    format!("`{src}` (kind `{}`) is defined here", src_kind.name()),
+                ),
+            );
+            return None;
+        }
+        Some(Edge {
+            port: e.key.clone(),
+            from,
+            from_port: port.to_string(),
+            ty: out.ty,
+            optional: spec.optional,
+        })
+    }
+
+    /// Returns a topological order, or `None` (with diagnostics) when there is a cycle.
+    fn check_cycles(&mut self, nodes: &[NodeDraft<'_>], edges: &[Vec<Edge>]) -> Option<Vec<usize>> {
+        let mut g = DiGraph::<usize, ()>::new();
+        let ix: Vec<_> = (0..nodes.len()).map(|i| g.add_node(i)).collect();
+        for (to, es) in edges.iter().enumerate() {
+            for e in es {
+                g.add_edge(ix[e.from], ix[to], ());
+            }
+        }
+        if let Ok(order) = petgraph::algo::toposort(&g, None) {
+            return Some(order.into_iter().map(|i| g[i]).collect());
+        }
+        for scc in petgraph::algo::tarjan_scc(&g) {
+            let members: Vec<usize> = scc.iter().map(|&i| g[i]).collect();
+            let self_loop =
+                members.len() == 1 && edges[members[0]].iter().any(|e| e.from == members[0]);
+            if members.len() < 2 && !self_loop {
+                continue;
+            }
+            // Start at the member defined first in the file and walk edges inside the SCC back to it.
+            let start = *members
+                .iter()
+                .min_by_key(|&&m| nodes[m].spans.header.start)
+                .expect("non-empty");
+            let chain = find_cycle(start, &members, edges);
+            let names: Vec<&str> = chain.iter().map(|&i| nodes[i].name.as_str()).collect();
+            let mut text = names.join(" → ");
+            text.push_str(&format!(" → {}", names[0]));
+            // Each step of the chain: the input of chain[k+1] (or chain[0]) wired from chain[k].
+            let mut d = Diagnostic::error(Code::Cycle, format!("cycle in the graph: {text}"));
+            for k in 0..chain.len() {
+                let (from, to) = (chain[k], chain[(k + 1) % chain.len()]);
+                if let Some(e) = edges[to].iter().find(|e| e.from == from) {
+                    let span = nodes[to].spans.value_span(&format!("inputs.{}", e.port));
+                    let note = format!(
+                        "`{}.{}` takes `{}.{}`",
+                        nodes[to].name, e.port, nodes[from].name, e.from_port
+                    );
+                    if d.span.is_none() {
+                        d = d.at(span).with_label(note);
+                    } else {
+                        d = d.with_note(span, note);
+                    }
+                }
+            }
+            self.diags.push(d.with_help(
+                "one step of a graph must be acyclic; state carried from one step to the next \
+                 belongs in a node's state or a resource",
+            ));
+        }
+        None
+    }
+}
+
+/// A cycle through `start` using only `members` (which form a strongly connected component).
+fn find_cycle(start: usize, members: &[usize], edges: &[Vec<Edge>]) -> Vec<usize> {
+    // successors within the SCC: `to` is a successor of `from` when `to` has an input from `from`.
+    let succ = |from: usize| -> Vec<usize> {
+        let mut s: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&to| edges[to].iter().any(|e| e.from == from))
+            .collect();
+        s.sort();
+        s
+    };
+    // BFS for the shortest path start → ... → start.
+    let mut prev: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut queue = std::collections::VecDeque::from([start]);
+    while let Some(cur) = queue.pop_front() {
+        for nxt in succ(cur) {
+            if nxt == start {
+                let mut path = vec![cur];
+                let mut at = cur;
+                while at != start {
+                    at = prev[&at];
+                    path.push(at);
+                }
+                path.reverse();
+                path.dedup();
+                return path;
+            }
+            if let std::collections::btree_map::Entry::Vacant(v) = prev.entry(nxt) {
+                v.insert(cur);
+                queue.push_back(nxt);
+            }
+        }
+    }
+    vec![start]
+}
+
+fn wrong_type(v: &SValue, expected: &ParamType, key: &str) -> Diagnostic {
+    Diagnostic::error(
+        Code::WrongType,
+        format!(
+            "`{key}` must be {}, found {}",
+            expected_text(expected),
+            with_article(v.kind.type_name())
+        ),
+    )
+    .at(v.span)
+}
+
+fn expected_text(t: &ParamType) -> String {
+    match t {
+        ParamType::Int => "an integer".into(),
+        ParamType::Float => "a number".into(),
+        ParamType::Bool => "a boolean (true or false)".into(),
+        ParamType::String | ParamType::Enum(_) => "a string".into(),
+        ParamType::Path => "a path (string)".into(),
+        ParamType::Array(e) => format!("an array of {e}"),
+        ParamType::Table(_) => "a table".into(),
+        ParamType::Resource(k) => format!("the name of a {k} resource (string)"),
+        ParamType::Any => "a value".into(),
+    }
+}
+
+/// Checks a table against a schema; returns the values (defaults filled) as JSON.
+#[allow(clippy::too_many_arguments)]
+fn check_params(
+    table: &STable,
+    specs: &[ParamSpec],
+    reserved: &[&str],
+    what: &str,
+    prefix: &str,
+    spans: &mut SpanIndex,
+    refs: &mut Vec<ResourceRef>,
+    diags: &mut Vec<Diagnostic>,
+) -> serde_json::Map<String, Json> {
+    let mut map = serde_json::Map::new();
+    for e in &table.entries {
+        if prefix.is_empty() && reserved.contains(&e.key.as_str()) {
+            continue;
+        }
+        let path = format!("{prefix}{}", e.key);
+        spans.keys.insert(path.clone(), e.key_span);
+        spans.values.insert(path.clone(), e.value.span);
+        let Some(spec) = specs.iter().find(|s| s.name == e.key) else {
+            let mut names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+            if prefix.is_empty() {
+                names.extend(reserved.iter().copied());
+            }
+            let help = did_you_mean(&e.key, names.iter().copied()).unwrap_or_else(|| {
+                if names.is_empty() {
+                    format!("{what} takes no parameters")
+                } else {
+                    format!("known keys: {}", names.join(", "))
+                }
+            });
+            diags.push(
+                Diagnostic::error(Code::UnknownKey, format!("unknown key `{path}` in {what}"))
+                    .at(e.key_span)
+                    .with_help(help),
+            );
+            continue;
+        };
+        if let Some(v) = check_value(&e.value, spec, &path, what, spans, refs, diags) {
+            map.insert(e.key.clone(), v);
+        }
+    }
+    for spec in specs {
+        if map.contains_key(&spec.name) || table.get(&spec.name).is_some() {
+            continue;
+        }
+        if let Some(d) = &spec.default {
+            map.insert(spec.name.clone(), d.clone());
+        } else if let ParamType::Table(fields) = &spec.ty
+            && !spec.required
+            && fields.iter().any(|f| f.default.is_some())
+        {
+            // An absent table whose fields have defaults gets those defaults.
+            let sub = check_params(
+                &STable::default(),
+                fields,
+                &[],
+                what,
+                &format!("{prefix}{}.", spec.name),
+                spans,
+                refs,
+                diags,
+            );
+            map.insert(spec.name.clone(), Json::Object(sub));
+        } else if spec.required {
+            let path = format!("{prefix}{}", spec.name);
+            let mut help = format!("add `{} = ...`", spec.name);
+            if !spec.doc.is_empty() {
+                help.push_str(&format!(" ({}: {})", expected_text(&spec.ty), spec.doc));
+            }
+            diags.push(
+                Diagnostic::error(
+                    Code::MissingParam,
+                    format!("{what} is missing required parameter `{path}`"),
+                )
+                .at(spans.header)
+                .with_help(help),
+            );
+        }
+    }
+    map
+}
+
+fn check_value(
+    v: &SValue,
+    spec: &ParamSpec,
+    path: &str,
+    what: &str,
+    spans: &mut SpanIndex,
+    refs: &mut Vec<ResourceRef>,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Json> {
+    check_typed(v, &spec.ty, spec, path, what, spans, refs, diags)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_typed(
+    v: &SValue,
+    ty: &ParamType,
+    spec: &ParamSpec,
+    path: &str,
+    what: &str,
+    spans: &mut SpanIndex,
+    refs: &mut Vec<ResourceRef>,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Json> {
+    let range = |x: f64, diags: &mut Vec<Diagnostic>| -> bool {
+        if spec.in_range(x) {
+            return true;
+        }
+        let r = spec.range_text().unwrap_or_default();
+        let shown = match &v.kind {
+            SKind::Integer(i) => i.to_string(),
+            _ => x.to_string(),
+        };
+        diags.push(
+            Diagnostic::error(
+                Code::OutOfRange,
+                format!("`{path}` must be {r}, got {shown}"),
+            )
+            .at(v.span)
+            .with_help(if spec.doc.is_empty() {
+                format!("`{}`: {ty}, {r}", spec.name)
+            } else {
+                format!("`{}`: {}", spec.name, spec.doc)
+            }),
+        );
+        false
+    };
+    match (ty, &v.kind) {
+        (ParamType::Any, _) => Some(v.to_json()),
+        (ParamType::Int, SKind::Integer(i)) => range(*i as f64, diags).then(|| Json::from(*i)),
+        (ParamType::Float, SKind::Integer(i)) => {
+            range(*i as f64, diags).then(|| Json::from(*i as f64))
+        }
+        (ParamType::Float, SKind::Float(f)) => {
+            if !f.is_finite() {
+                diags.push(
+                    Diagnostic::error(
+                        Code::InvalidValue,
+                        format!("`{path}` must be finite, got {f}"),
+                    )
+                    .at(v.span),
+                );
+                return None;
+            }
+            range(*f, diags).then(|| Json::from(*f))
+        }
+        (ParamType::Bool, SKind::Boolean(b)) => Some(Json::Bool(*b)),
+        (ParamType::String | ParamType::Path, SKind::String(s)) => Some(Json::String(s.clone())),
+        (ParamType::Enum(variants), SKind::String(s)) => {
+            if variants.iter().any(|x| x == s) {
+                return Some(Json::String(s.clone()));
+            }
+            let help = did_you_mean(s, variants.iter().map(String::as_str)).unwrap_or_else(|| {
+                let q: Vec<String> = variants.iter().map(|x| format!("\"{x}\"")).collect();
+                format!("allowed: {}", q.join(", "))
+            });
+            diags.push(
+                Diagnostic::error(
+                    Code::InvalidValue,
+                    format!("`{path}` cannot be \"{s}\" in {what}"),
+                )
+                .at(v.span)
+                .with_help(help),
+            );
+            None
+        }
+        (ParamType::Resource(kind), SKind::String(s)) => {
+            refs.push(ResourceRef {
+                path: path.to_string(),
+                kind: kind.clone(),
+                name: s.clone(),
+                span: v.span,
+            });
+            Some(Json::String(s.clone()))
+        }
+        (ParamType::Array(elem), SKind::Array(items)) => {
+            let mut out = Vec::new();
+            let mut ok = true;
+            for (k, item) in items.iter().enumerate() {
+                let p = format!("{path}[{k}]");
+                match check_typed(item, elem, spec, &p, what, spans, refs, diags) {
+                    Some(j) => out.push(j),
+                    None => ok = false,
+                }
+            }
+            ok.then_some(Json::Array(out))
+        }
+        (ParamType::Table(fields), SKind::Table(t)) => {
+            let sub = check_params(
+                t,
+                fields,
+                &[],
+                what,
+                &format!("{path}."),
+                spans,
+                refs,
+                diags,
+            );
+            Some(Json::Object(sub))
+        }
+        _ => {
+            diags.push(wrong_type(v, ty, path).with_help(if spec.doc.is_empty() {
+                format!("`{}`: {ty}", spec.name)
+            } else {
+                format!("`{}`: {ty} — {}", spec.name, spec.doc)
+            }));
+            None
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The typed graph: the output of the compiler and the input of the scheduler.
+//!
+//! Every node has a resolved kind, validated parameters (defaults filled), typed input edges and a
+//! device; resources likewise. `order` is a topological order of the nodes; `dag` is the same
+//! dependency structure as a petgraph graph (used for cycle reports and export).
+
+use crate::device::DeviceRequest;
+use crate::diagnostic::{SourceMap, Span};
+use crate::node::NodeKind;
+use crate::params::Params;
+use crate::port::PortType;
+use crate::resource::ResourceKind;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub type NodeId = usize;
+pub type ResourceId = usize;
+
+/// Where the parts of one node or resource table are in the sources.
+#[derive(Clone, Debug, Default)]
+pub struct SpanIndex {
+    /// The table's header (`[nodes.rollout]`), or its key for inline tables.
+    pub header: Span,
+    /// Value spans by dotted key path (`"n"`, `"kl.coef"`, `"inputs.prompts"`).
+    pub values: BTreeMap<String, Span>,
+    /// Key spans by dotted key path.
+    pub keys: BTreeMap<String, Span>,
+}
+
+impl SpanIndex {
+    pub fn has(&self, path: &str) -> bool {
+        self.values.contains_key(path)
+    }
+    /// The value's span, else the header's.
+    pub fn value_span(&self, path: &str) -> Span {
+        self.values.get(path).copied().unwrap_or(self.header)
+    }
+    pub fn key_span(&self, path: &str) -> Span {
+        self.keys.get(path).copied().unwrap_or(self.header)
+    }
+}
+
+/// An input edge: `port = "from.from_port"`.
+#[derive(Clone, Debug)]
+pub struct Edge {
+    pub port: String,
+    pub from: NodeId,
+    pub from_port: String,
+    pub ty: PortType,
+    /// Whether the input port is optional (a skipped producer does not skip this node).
+    pub optional: bool,
+}
+
+pub struct GraphNode {
+    pub name: String,
+    pub kind: Arc<dyn NodeKind>,
+    pub params: Params,
+    pub inputs: Vec<Edge>,
+    /// `device = "..."` on the node; `None` uses the run's device.
+    pub device: Option<DeviceRequest>,
+    /// `timing_s/<timing_key>` in the metrics.
+    pub timing_key: String,
+    pub spans: SpanIndex,
+}
+
+pub struct GraphResource {
+    pub name: String,
+    pub kind: Arc<dyn ResourceKind>,
+    pub params: Params,
+    /// Resources this one refers to (built first).
+    pub depends: Vec<ResourceId>,
+    pub spans: SpanIndex,
+}
+
+/// The `[run]` section.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunConfig {
+    pub steps: u64,
+    pub seed: u64,
+    pub device: String,
+    /// Default run directory (a fresh timestamped directory under `runs/` when absent).
+    pub out: Option<String>,
+    /// Write a checkpoint every N steps (0: never; the last step is always checkpointed when N > 0).
+    pub checkpoint_every: u64,
+    /// How many checkpoints to keep.
+    pub keep_checkpoints: u64,
+    /// Worker threads running ready nodes concurrently (0: one per CPU, at most one per node).
+    pub workers: u64,
+    /// Draw plots of the main curves at the end of the run.
+    pub plot: bool,
+}
+
+/// A checked graph, ready to build and run.
+pub struct Graph {
+    pub run: RunConfig,
+    pub nodes: Vec<GraphNode>,
+    pub resources: Vec<GraphResource>,
+    /// Nodes in a topological order.
+    pub order: Vec<NodeId>,
+    pub dag: petgraph::graph::DiGraph<NodeId, ()>,
+    pub sources: SourceMap,
+    /// The graph file with overrides applied, as TOML (saved in the run directory).
+    pub resolved: String,
+}
+
+impl Graph {
+    pub fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+}

@@ -1,0 +1,262 @@
+//! The plugin API: what a node kind implements.
+//!
+//! A [`NodeKind`] describes a kind of node (its name, doc, typed ports, parameter schema, an optional
+//! `validate` hook for constraints on its parameters and neighbours) and builds [`Node`]s. A
+//! [`Node`] runs once per step: it gets the values on its input ports and returns its outputs.
+//! Kinds are registered with [`crate::register_node_kind!`] or added to a [`crate::Registry`].
+//!
+//! ```
+//! use flowrl_engine::*;
+//!
+//! const NUMBERS: PortType = PortType::new("Numbers");
+//!
+//! /// Emits `count` numbers drawn uniformly from [0, 1) each step.
+//! struct Uniform;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct UniformParams { count: usize }
+//!
+//! impl NodeKind for Uniform {
+//!     fn name(&self) -> &str { "example.uniform" }
+//!     fn doc(&self) -> &str { "Emits `count` uniform numbers per step." }
+//!     fn inputs(&self) -> Vec<PortSpec> { vec![] }
+//!     fn outputs(&self) -> Vec<PortSpec> { vec![PortSpec::new("numbers", NUMBERS)] }
+//!     fn params(&self) -> Vec<ParamSpec> {
+//!         vec![ParamSpec::int("count").default(4).min(1.0).doc("numbers per step")]
+//!     }
+//!     fn build(&self, params: &Params, _ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+//!         let p: UniformParams = params.parse()?;
+//!         Ok(Box::new(UniformNode { count: p.count }))
+//!     }
+//! }
+//!
+//! struct UniformNode { count: usize }
+//!
+//! impl Node for UniformNode {
+//!     fn run(&mut self, _inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
+//!         use rand::Rng;
+//!         let v: Vec<f64> = (0..self.count).map(|_| ctx.rng().random::<f64>()).collect();
+//!         ctx.metric("uniform/mean", v.iter().sum::<f64>() / v.len() as f64);
+//!         Ok(Outputs::new().with("numbers", v))
+//!     }
+//! }
+//!
+//! flowrl_engine::register_node_kind!(Uniform);
+//! ```
+
+use crate::context::{BuildContext, StepContext};
+use crate::diagnostic::{Code, Diagnostic, Span};
+use crate::graph::{Graph, NodeId, ResourceId};
+use crate::params::{ParamSpec, Params};
+use crate::port::PortSpec;
+use crate::value::{Inputs, Outputs};
+
+/// A kind of node (`kind = "..."` in a graph).
+pub trait NodeKind: Send + Sync {
+    /// The name used in `kind = "..."`, dotted by family (`"reward.boxed"`, `"update.ppo"`).
+    fn name(&self) -> &str;
+    /// What the node does (first line is the summary shown by `flowrl nodes`).
+    fn doc(&self) -> &str;
+    fn inputs(&self) -> Vec<PortSpec>;
+    fn outputs(&self) -> Vec<PortSpec>;
+    fn params(&self) -> Vec<ParamSpec>;
+    /// The key under which the engine records this node's time, `timing_s/<key>` (e.g. rollout →
+    /// `"gen"`); `None` uses the node's name. A graph may override it with `timing = "..."`.
+    fn timing_key(&self) -> Option<&str> {
+        None
+    }
+    /// Constraints on the node's parameters and neighbours, reported with the numbers in the
+    /// message (e.g. batch × n divisible by the micro-batch size). Runs after the schema, wiring and
+    /// port-type checks have passed for this node.
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let _ = ctx;
+        Vec::new()
+    }
+    /// Builds a node from validated parameters.
+    fn build(&self, params: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>>;
+}
+
+/// A node of a running graph.
+pub trait Node: Send {
+    /// Runs one step.
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs>;
+    /// Small state to keep in checkpoints (data position, counters). Large binary state belongs in
+    /// a resource, whose kind saves files.
+    fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        Ok(None)
+    }
+    /// Restores what [`Node::save_state`] returned.
+    fn load_state(&mut self, state: serde_json::Value) -> anyhow::Result<()> {
+        let _ = state;
+        anyhow::bail!("this node saved state but does not implement `load_state`")
+    }
+}
+
+/// What a kind's `validate` hook sees: the node (or resource) being checked and the graph around it.
+pub struct ValidateCtx<'a> {
+    pub(crate) graph: &'a Graph,
+    pub(crate) subject: Subject,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Subject {
+    Node(NodeId),
+    Resource(ResourceId),
+}
+
+impl<'a> ValidateCtx<'a> {
+    /// The node's (or resource's) name.
+    pub fn name(&self) -> &'a str {
+        match self.subject {
+            Subject::Node(i) => &self.graph.nodes[i].name,
+            Subject::Resource(i) => &self.graph.resources[i].name,
+        }
+    }
+
+    pub fn params(&self) -> &'a Params {
+        match self.subject {
+            Subject::Node(i) => &self.graph.nodes[i].params,
+            Subject::Resource(i) => &self.graph.resources[i].params,
+        }
+    }
+
+    /// The node wired to input `port` (`None` if the port is not wired).
+    pub fn input(&self, port: &str) -> Option<NodeView<'a>> {
+        match self.subject {
+            Subject::Node(i) => NodeView {
+                graph: self.graph,
+                id: i,
+            }
+            .input(port),
+            Subject::Resource(_) => None,
+        }
+    }
+
+    /// The declared resource a parameter of type `Resource` refers to.
+    pub fn resource_param(&self, key: &str) -> Option<ResourceView<'a>> {
+        let name = self.params().get_str(key)?;
+        self.resource(name)
+    }
+
+    pub fn resource(&self, name: &str) -> Option<ResourceView<'a>> {
+        let id = self.graph.resources.iter().position(|r| r.name == name)?;
+        Some(ResourceView {
+            graph: self.graph,
+            id,
+        })
+    }
+
+    /// The span of a parameter's value (dotted path for nested tables); the table header when the
+    /// key is absent (its default applies).
+    pub fn span_of(&self, key: &str) -> Span {
+        let spans = match self.subject {
+            Subject::Node(i) => &self.graph.nodes[i].spans,
+            Subject::Resource(i) => &self.graph.resources[i].spans,
+        };
+        spans.value_span(key)
+    }
+
+    /// An error (code E0501) pointing at parameter `key`.
+    pub fn error(&self, key: &str, message: impl Into<String>) -> Diagnostic {
+        let spans = match self.subject {
+            Subject::Node(i) => &self.graph.nodes[i].spans,
+            Subject::Resource(i) => &self.graph.resources[i].spans,
+        };
+        let d = Diagnostic::error(Code::Constraint, message).at(spans.value_span(key));
+        if spans.has(key) {
+            d
+        } else {
+            d.with_label(format!("`{key}` takes its default value here"))
+        }
+    }
+}
+
+/// A read-only view of a node of the graph being validated.
+#[derive(Clone, Copy)]
+pub struct NodeView<'a> {
+    graph: &'a Graph,
+    id: NodeId,
+}
+
+impl<'a> NodeView<'a> {
+    pub fn name(&self) -> &'a str {
+        &self.graph.nodes[self.id].name
+    }
+    pub fn kind(&self) -> &'a str {
+        self.graph.nodes[self.id].kind.name()
+    }
+    pub fn params(&self) -> &'a Params {
+        &self.graph.nodes[self.id].params
+    }
+    /// The node wired to this node's input `port`.
+    pub fn input(&self, port: &str) -> Option<NodeView<'a>> {
+        let e = self.graph.nodes[self.id]
+            .inputs
+            .iter()
+            .find(|e| e.port == port)?;
+        Some(NodeView {
+            graph: self.graph,
+            id: e.from,
+        })
+    }
+    /// The first node upstream (breadth-first, this node included) whose kind satisfies `pred`,
+    /// e.g. the data node feeding a rollout: `view.find_upstream(|k| k.starts_with("dataset"))`.
+    pub fn find_upstream(&self, pred: impl Fn(&str) -> bool) -> Option<NodeView<'a>> {
+        let mut queue = std::collections::VecDeque::from([self.id]);
+        let mut seen = vec![false; self.graph.nodes.len()];
+        while let Some(i) = queue.pop_front() {
+            if std::mem::replace(&mut seen[i], true) {
+                continue;
+            }
+            if pred(self.graph.nodes[i].kind.name()) {
+                return Some(NodeView {
+                    graph: self.graph,
+                    id: i,
+                });
+            }
+            queue.extend(self.graph.nodes[i].inputs.iter().map(|e| e.from));
+        }
+        None
+    }
+}
+
+impl<'a> ValidateCtx<'a> {
+    /// The node being validated as a view (for `find_upstream`); `None` for resources.
+    pub fn node(&self) -> Option<NodeView<'a>> {
+        match self.subject {
+            Subject::Node(id) => Some(NodeView {
+                graph: self.graph,
+                id,
+            }),
+            Subject::Resource(_) => None,
+        }
+    }
+}
+
+/// A read-only view of a declared resource.
+#[derive(Clone, Copy)]
+pub struct ResourceView<'a> {
+    graph: &'a Graph,
+    id: ResourceId,
+}
+
+impl<'a> ResourceView<'a> {
+    pub fn name(&self) -> &'a str {
+        &self.graph.resources[self.id].name
+    }
+    pub fn kind(&self) -> &'a str {
+        self.graph.resources[self.id].kind.name()
+    }
+    pub fn params(&self) -> &'a Params {
+        &self.graph.resources[self.id].params
+    }
+    /// Follows a resource-reference parameter (e.g. `from`) to the resource it names.
+    pub fn follow(&self, key: &str) -> Option<ResourceView<'a>> {
+        let name = self.params().get_str(key)?;
+        let id = self.graph.resources.iter().position(|r| r.name == name)?;
+        Some(ResourceView {
+            graph: self.graph,
+            id,
+        })
+    }
+}

@@ -1,0 +1,317 @@
+//! The scheduler: runs one step of a built graph on a crossbeam worker pool.
+//!
+//! Nodes move to a worker thread with their inputs and context, and come back with their outputs
+//! (ownership passing, no locks around nodes). A node runs as soon as every node it takes inputs from
+//! has finished, so independent nodes run concurrently. A failing (or panicking) node stops the step:
+//! nothing new is dispatched, the nodes in flight finish, and the error names the node, its kind and
+//! the cause. A node whose required input comes from a skipped node is skipped too.
+//! This module knows nothing about run directories, checkpoints or progress bars.
+
+use crate::context::StepContext;
+use crate::device::DeviceSpec;
+use crate::graph::{Graph, NodeId};
+use crate::node::Node;
+use crate::resource::Resources;
+use crate::value::{Inputs, Outputs, Value};
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+struct Task {
+    id: NodeId,
+    node: Box<dyn Node>,
+    inputs: Inputs,
+    ctx: StepContext,
+}
+
+struct Done {
+    id: NodeId,
+    node: Box<dyn Node>,
+    result: anyhow::Result<Outputs>,
+    ctx: StepContext,
+    seconds: f64,
+}
+
+/// Persistent worker threads.
+pub struct WorkerPool {
+    tx: Option<Sender<Task>>,
+    rx: Receiver<Done>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl WorkerPool {
+    pub fn new(workers: usize) -> Self {
+        let (task_tx, task_rx) = unbounded::<Task>();
+        let (done_tx, done_rx) = unbounded::<Done>();
+        let handles = (0..workers.max(1))
+            .map(|i| {
+                let rx = task_rx.clone();
+                let tx = done_tx.clone();
+                std::thread::Builder::new()
+                    .name(format!("flowrl-worker-{i}"))
+                    .spawn(move || {
+                        for mut t in rx {
+                            let start = Instant::now();
+                            let result =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    t.node.run(&t.inputs, &mut t.ctx)
+                                }))
+                                .unwrap_or_else(|p| {
+                                    let msg = p
+                                        .downcast_ref::<String>()
+                                        .cloned()
+                                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                        .unwrap_or_else(|| "unknown panic".into());
+                                    Err(anyhow::anyhow!("panicked: {msg}"))
+                                });
+                            let done = Done {
+                                id: t.id,
+                                node: t.node,
+                                result,
+                                ctx: t.ctx,
+                                seconds: start.elapsed().as_secs_f64(),
+                            };
+                            if tx.send(done).is_err() {
+                                break;
+                            }
+                        }
+                    })
+                    .expect("spawn worker thread")
+            })
+            .collect();
+        WorkerPool {
+            tx: Some(task_tx),
+            rx: done_rx,
+            handles,
+        }
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.tx.take();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Progress events while a step runs.
+pub enum Event<'a> {
+    NodeStarted(&'a str),
+    NodeFinished(&'a str, f64),
+}
+
+/// What one node did in one step.
+#[derive(Clone, Debug)]
+pub struct NodeReport {
+    pub name: String,
+    pub seconds: f64,
+    pub skipped: bool,
+    pub metrics: Vec<(String, f64)>,
+    pub warnings: Vec<String>,
+}
+
+/// Everything shared by the nodes of one step.
+pub struct StepEnv<'a> {
+    pub step: u64,
+    pub total_steps: u64,
+    pub seed: u64,
+    pub devices: &'a [DeviceSpec],
+    pub resources: &'a Arc<Resources>,
+    pub run_dir: Option<&'a PathBuf>,
+}
+
+/// Runs one step. `nodes[i]` is `Some` for every node on entry and on return.
+pub fn run_step(
+    pool: &WorkerPool,
+    graph: &Graph,
+    nodes: &mut [Option<Box<dyn Node>>],
+    env: &StepEnv<'_>,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> anyhow::Result<Vec<NodeReport>> {
+    let n = graph.nodes.len();
+    let mut waiting: Vec<usize> = graph
+        .nodes
+        .iter()
+        .map(|g| {
+            let mut froms: Vec<NodeId> = g.inputs.iter().map(|e| e.from).collect();
+            froms.sort();
+            froms.dedup();
+            froms.len()
+        })
+        .collect();
+    let mut consumers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+    for (to, g) in graph.nodes.iter().enumerate() {
+        for e in &g.inputs {
+            if !consumers[e.from].contains(&to) {
+                consumers[e.from].push(to);
+            }
+        }
+    }
+    let rank: Vec<usize> = {
+        let mut r = vec![0; n];
+        for (pos, &id) in graph.order.iter().enumerate() {
+            r[id] = pos;
+        }
+        r
+    };
+    let mut outputs: HashMap<(NodeId, String), Value> = HashMap::new();
+    let mut skipped = vec![false; n];
+    let mut reports: Vec<Option<NodeReport>> = vec![None; n];
+    let mut ready: Vec<NodeId> = (0..n).filter(|&i| waiting[i] == 0).collect();
+    let mut in_flight = 0usize;
+    let mut failure: Option<anyhow::Error> = None;
+    let tx = pool.tx.as_ref().expect("pool is open");
+
+    loop {
+        // Dispatch ready nodes in topological order (skips resolve immediately).
+        while failure.is_none() && !ready.is_empty() {
+            ready.sort_by_key(|&i| std::cmp::Reverse(rank[i]));
+            let id = ready.pop().expect("non-empty");
+            let g = &graph.nodes[id];
+            let mut inputs = Inputs::new(g.name.clone());
+            let mut skip = false;
+            for e in &g.inputs {
+                match outputs.get(&(e.from, e.from_port.clone())) {
+                    Some(v) => inputs.insert(e.port.clone(), v.clone()),
+                    None if e.optional => {}
+                    None => skip = true,
+                }
+            }
+            if skip {
+                skipped[id] = true;
+                reports[id] = Some(NodeReport {
+                    name: g.name.clone(),
+                    seconds: 0.0,
+                    skipped: true,
+                    metrics: Vec::new(),
+                    warnings: Vec::new(),
+                });
+                for &c in &consumers[id] {
+                    waiting[c] -= 1;
+                    if waiting[c] == 0 {
+                        ready.push(c);
+                    }
+                }
+                continue;
+            }
+            let ctx = StepContext {
+                node: g.name.clone(),
+                step: env.step,
+                total_steps: env.total_steps,
+                seed: env.seed,
+                device: env.devices[id],
+                resources: env.resources.clone(),
+                run_dir: env.run_dir.cloned(),
+                rng: None,
+                metrics: Vec::new(),
+                warnings: Vec::new(),
+            };
+            let node = nodes[id].take().expect("node present");
+            on_event(Event::NodeStarted(&g.name));
+            tx.send(Task {
+                id,
+                node,
+                inputs,
+                ctx,
+            })
+            .map_err(|_| anyhow::anyhow!("worker pool stopped"))?;
+            in_flight += 1;
+        }
+        if in_flight == 0 {
+            break;
+        }
+        let done = pool
+            .rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("worker pool stopped"))?;
+        in_flight -= 1;
+        let id = done.id;
+        let g = &graph.nodes[id];
+        nodes[id] = Some(done.node);
+        on_event(Event::NodeFinished(&g.name, done.seconds));
+        let outs = match done.result.and_then(|o| check_outputs(graph, id, o)) {
+            Ok(o) => o,
+            Err(e) => {
+                if failure.is_none() {
+                    failure = Some(e.context(format!(
+                        "node `{}` (kind `{}`) failed at step {}",
+                        g.name,
+                        g.kind.name(),
+                        env.step + 1
+                    )));
+                }
+                continue;
+            }
+        };
+        skipped[id] = outs.skipped;
+        let specs = g.kind.outputs();
+        for (port, payload) in outs.values {
+            let ty = specs
+                .iter()
+                .find(|s| s.name == port)
+                .map(|s| s.ty)
+                .expect("checked");
+            outputs.insert((id, port), Value::new(ty, payload));
+        }
+        reports[id] = Some(NodeReport {
+            name: g.name.clone(),
+            seconds: done.seconds,
+            skipped: outs.skipped,
+            metrics: done.ctx.metrics,
+            warnings: done.ctx.warnings,
+        });
+        for &c in &consumers[id] {
+            waiting[c] -= 1;
+            if waiting[c] == 0 {
+                ready.push(c);
+            }
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(graph
+        .order
+        .iter()
+        .filter_map(|&i| reports[i].take())
+        .collect())
+}
+
+/// Every declared output present (unless skipped), nothing undeclared.
+fn check_outputs(graph: &Graph, id: NodeId, outs: Outputs) -> anyhow::Result<Outputs> {
+    let g = &graph.nodes[id];
+    let specs = g.kind.outputs();
+    for port in outs.values.keys() {
+        if !specs.iter().any(|s| &s.name == port) {
+            anyhow::bail!(
+                "returned output `{port}`, which kind `{}` does not declare (outputs: {})",
+                g.kind.name(),
+                specs
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    if !outs.skipped {
+        let consumed: Vec<&str> = graph
+            .nodes
+            .iter()
+            .flat_map(|m| m.inputs.iter())
+            .filter(|e| e.from == id)
+            .map(|e| e.from_port.as_str())
+            .collect();
+        for s in &specs {
+            if !outs.values.contains_key(&s.name) && consumed.contains(&s.name.as_str()) {
+                anyhow::bail!("did not produce output `{}` ({})", s.name, s.ty);
+            }
+        }
+    }
+    Ok(outs)
+}
