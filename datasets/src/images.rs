@@ -1,0 +1,148 @@
+//! Encoded image bytes (as stored in verl's `images[].bytes`) to 8-bit RGB pictures.
+//!
+//! The format is detected from the magic bytes, never from a path or file name: PNG
+//! (`89 50 4E 47 0D 0A 1A 0A`) and JPEG (`FF D8 FF`) are accepted. Every picture becomes RGB the
+//! way verl's `process_image` → `qwen_vl_utils.to_rgb` does it with Pillow:
+//! - grey (`L`) is replicated to R = G = B;
+//! - RGBA is composited onto a white background with the alpha channel as mask, with Pillow's
+//!   integer blend `out = DIV255(255·(255 − a) + c·a)` where `DIV255(x) = ((t >> 8) + t) >> 8`,
+//!   `t = x + 128` (Pillow `Paste.c`);
+//! - grey + alpha (`LA`) keeps the grey value and drops alpha (Pillow `convert("RGB")`).
+//!
+//! Resizing and normalisation are not done here: they belong to the model's image processor
+//! (`flowrl_models::capabilities::ImageProcessor`).
+
+use image::{DynamicImage, ImageFormat, RgbImage};
+
+/// The encoded formats a prompt image may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EncodedFormat {
+    Png,
+    Jpeg,
+}
+
+impl EncodedFormat {
+    /// Detects the format from the first bytes; `None` when neither PNG nor JPEG.
+    pub fn sniff(bytes: &[u8]) -> Option<Self> {
+        const PNG: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
+        if bytes.starts_with(&PNG) {
+            Some(Self::Png)
+        } else if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Some(Self::Jpeg)
+        } else {
+            None
+        }
+    }
+
+    /// Name as Pillow reports it (`"PNG"`, `"JPEG"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Png => "PNG",
+            Self::Jpeg => "JPEG",
+        }
+    }
+}
+
+/// Decodes a whole PNG or JPEG file to RGB (see the module doc for the colour conversion).
+/// The error message says what is wrong (unknown magic bytes or the decoder's complaint); the
+/// caller adds file, row and column.
+pub fn decode_rgb(bytes: &[u8]) -> Result<RgbImage, String> {
+    let format = EncodedFormat::sniff(bytes).ok_or_else(|| {
+        let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02X}")).collect();
+        if bytes.is_empty() {
+            "image bytes are empty".to_string()
+        } else {
+            format!(
+                "image bytes are neither PNG nor JPEG (they start with {})",
+                head.join(" ")
+            )
+        }
+    })?;
+    let image_format = match format {
+        EncodedFormat::Png => ImageFormat::Png,
+        EncodedFormat::Jpeg => ImageFormat::Jpeg,
+    };
+    let decoded = image::load_from_memory_with_format(bytes, image_format)
+        .map_err(|e| format!("cannot decode {} image: {e}", format.name()))?;
+    Ok(to_rgb(decoded))
+}
+
+/// Converts a decoded picture to 8-bit RGB like `qwen_vl_utils.to_rgb` (see the module doc).
+pub fn to_rgb(image: DynamicImage) -> RgbImage {
+    match image {
+        DynamicImage::ImageRgb8(rgb) => rgb,
+        DynamicImage::ImageRgba8(rgba) => composite_on_white(&rgba),
+        DynamicImage::ImageRgba16(_) | DynamicImage::ImageRgba32F(_) => {
+            composite_on_white(&image.to_rgba8())
+        }
+        // L, LA, 16-bit grey and RGB: replicate grey, drop alpha of LA.
+        other => other.to_rgb8(),
+    }
+}
+
+/// Pillow's `Image.paste(rgba, mask=alpha)` onto a white RGB canvas.
+fn composite_on_white(rgba: &image::RgbaImage) -> RgbImage {
+    let (w, h) = rgba.dimensions();
+    let mut out = RgbImage::new(w, h);
+    for (dst, src) in out.pixels_mut().zip(rgba.pixels()) {
+        let a = u32::from(src.0[3]);
+        for c in 0..3 {
+            let t = 255 * (255 - a) + u32::from(src.0[c]) * a + 128;
+            dst.0[c] = (((t >> 8) + t) >> 8) as u8;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::{GrayAlphaImage, GrayImage, LumaA, Rgba, RgbaImage};
+
+    fn png(img: DynamicImage) -> Vec<u8> {
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, ImageFormat::Png).unwrap();
+        out.into_inner()
+    }
+
+    #[test]
+    fn grey_is_replicated() {
+        let g = GrayImage::from_fn(3, 2, |x, y| image::Luma([(x * 40 + y * 7) as u8]));
+        let rgb = decode_rgb(&png(DynamicImage::ImageLuma8(g.clone()))).unwrap();
+        for (p, q) in rgb.pixels().zip(g.pixels()) {
+            assert_eq!(p.0, [q.0[0]; 3]);
+        }
+    }
+
+    #[test]
+    fn rgba_is_composited_on_white_like_pillow() {
+        // Values from Pillow 13: white canvas .paste(rgba, mask=alpha) for (10, 200, 100, a).
+        let img = RgbaImage::from_fn(3, 1, |x, _| {
+            Rgba([10, 200, 100, [0u8, 128, 255][x as usize]])
+        });
+        let rgb = decode_rgb(&png(DynamicImage::ImageRgba8(img))).unwrap();
+        assert_eq!(rgb.get_pixel(0, 0).0, [255, 255, 255]);
+        // a = 128: (255·127 + c·128 + 128) / 255 with Pillow's rounding.
+        assert_eq!(rgb.get_pixel(1, 0).0, [132, 227, 177]);
+        assert_eq!(rgb.get_pixel(2, 0).0, [10, 200, 100]);
+    }
+
+    #[test]
+    fn grey_alpha_drops_alpha() {
+        let img = GrayAlphaImage::from_fn(1, 1, |_, _| LumaA([77, 0]));
+        let rgb = decode_rgb(&png(DynamicImage::ImageLumaA8(img))).unwrap();
+        assert_eq!(rgb.get_pixel(0, 0).0, [77, 77, 77]);
+    }
+
+    #[test]
+    fn unknown_and_truncated_bytes_are_errors() {
+        let e = decode_rgb(b"GIF89a....").unwrap_err();
+        assert!(e.contains("neither PNG nor JPEG"), "{e}");
+        assert!(e.contains("47 49 46 38"), "{e}");
+        let mut bytes = png(DynamicImage::ImageRgb8(RgbImage::new(8, 8)));
+        bytes.truncate(30);
+        let e = decode_rgb(&bytes).unwrap_err();
+        assert!(e.starts_with("cannot decode PNG image"), "{e}");
+        assert_eq!(decode_rgb(&[]).unwrap_err(), "image bytes are empty");
+    }
+}
