@@ -1,18 +1,28 @@
 //! flowrl-models: model families behind capability traits.
 //!
 //! - [`capabilities`]: the traits nodes use (`CausalLm`, `Vision`, `MultimodalPositions`,
-//!   `ImageProcessor`) and shared host-side types.
+//!   `ImageProcessor`) and shared host-side types (`PaddedBatch`, `PositionIds`, `KvCache`).
 //! - [`registry`]: `config.json`'s `model_type` → family.
+//! - [`model`]: [`Model`], a loaded model of any family (a burn `Module`) exposing capabilities;
+//!   Hugging Face loading, saving and random initialisation.
+//! - [`layers`]: shared layers (RMSNorm, rotate-half RoPE from position ids, GQA attention, …).
+//! - [`weights`]: safetensors reading (single/sharded), random init, writing.
+//! - one folder per family: [`qwen2_vl`] (Qwen2-VL and Qwen2.5-VL), [`gemma4`].
+//! - [`image`]: image resampling shared by processors; [`generate`], [`sampling`]: decoding.
 
 pub mod capabilities;
 pub mod gemma4;
 pub mod generate;
 pub mod image;
+pub mod layers;
+pub mod model;
 pub mod qwen2_vl;
 pub mod registry;
 pub mod sampling;
+pub mod weights;
 
 pub use capabilities::{
     CausalLm, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch, PositionIds,
     ProcessedImage, Vision, load_image_processor, plain_positions, scatter_image_embeddings,
 };
+pub use model::Model;

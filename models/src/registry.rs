@@ -19,15 +19,21 @@ pub struct Family {
     pub image_processor: Option<ImageProcessorLoader>,
 }
 
-/// Every family flowrl knows.
+fn qwen_vl_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
+    Ok(Box::new(
+        crate::qwen2_vl::processor::Qwen2VlImageProcessor::from_dir(dir)?,
+    ))
+}
+
+/// Every family flowrl knows. Qwen2.5-VL uses Qwen2-VL's image processor.
 pub const FAMILIES: &[Family] = &[
     Family {
         model_type: "qwen2_vl",
-        image_processor: None,
+        image_processor: Some(qwen_vl_processor),
     },
     Family {
         model_type: "qwen2_5_vl",
-        image_processor: None,
+        image_processor: Some(qwen_vl_processor),
     },
 ];
 

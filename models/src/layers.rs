@@ -1,0 +1,284 @@
+//! Layers shared by the model families: linear maps in Hugging Face weight layout, RMSNorm,
+//! LayerNorm, rotate-half RoPE driven by explicit position ids, grouped-query attention with
+//! padding + causal masks and a KV cache, the SwiGLU MLP and the GELU variants.
+//!
+//! Every layer loads and exports its weights by name through [`crate::weights`], next to its
+//! `forward`. burn's built-in rotary encoding (interleaved pairs, contiguous offsets) and its
+//! attention (no GQA, no position ids) do not fit Hugging Face models, hence these.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::{sigmoid, softmax};
+
+use crate::weights::{Init, WeightSink, WeightSource};
+
+/// `y = x·Wᵀ + b` with `W` stored `[out, in]` as in PyTorch / Hugging Face checkpoints.
+#[derive(Module, Debug)]
+pub struct Linear<B: Backend> {
+    pub weight: Param<Tensor<B, 2>>,
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+impl<B: Backend> Linear<B> {
+    /// Loads `{prefix}.weight` `[out, in]` and, when `bias`, `{prefix}.bias` `[out]`.
+    pub fn load(
+        src: &mut dyn WeightSource<B>,
+        prefix: &str,
+        in_dim: usize,
+        out_dim: usize,
+        bias: bool,
+    ) -> Self {
+        let weight = src.take2(&format!("{prefix}.weight"), [out_dim, in_dim], Init::Matrix);
+        let bias = bias.then(|| src.take1(&format!("{prefix}.bias"), [out_dim], Init::Zeros));
+        Self {
+            weight: Param::from_tensor(weight),
+            bias: bias.map(Param::from_tensor),
+        }
+    }
+
+    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+        sink.put(&format!("{prefix}.weight"), self.weight.val());
+        if let Some(b) = &self.bias {
+            sink.put(&format!("{prefix}.bias"), b.val());
+        }
+    }
+
+    /// Applies the map over the last dimension of `x`.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dims = x.dims();
+        let in_dim = dims[D - 1];
+        let rows = x.shape().num_elements() / in_dim;
+        let w = self.weight.val();
+        let out_dim = w.dims()[0];
+        let mut y = x.reshape([rows, in_dim]).matmul(w.transpose());
+        if let Some(b) = &self.bias {
+            y = y + b.val().unsqueeze_dim(0);
+        }
+        let mut out = dims;
+        out[D - 1] = out_dim;
+        y.reshape(out)
+    }
+}
+
+/// RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last dimension (computed in f32).
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    pub weight: Param<Tensor<B, 1>>,
+    pub eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    pub fn load(src: &mut dyn WeightSource<B>, prefix: &str, dim: usize, eps: f64) -> Self {
+        let weight = src.take1(&format!("{prefix}.weight"), [dim], Init::Ones);
+        Self {
+            weight: Param::from_tensor(weight),
+            eps,
+        }
+    }
+
+    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+        sink.put(&format!("{prefix}.weight"), self.weight.val());
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let var = x.clone().powi_scalar(2).mean_dim(D - 1);
+        let x = x * (var + self.eps).sqrt().recip();
+        x * self.weight.val().unsqueeze::<D>()
+    }
+}
+
+/// LayerNorm: `w · (x − mean) / sqrt(var + eps) + b` with the biased variance.
+#[derive(Module, Debug)]
+pub struct LayerNorm<B: Backend> {
+    pub weight: Param<Tensor<B, 1>>,
+    pub bias: Param<Tensor<B, 1>>,
+    pub eps: f64,
+}
+
+impl<B: Backend> LayerNorm<B> {
+    pub fn load(src: &mut dyn WeightSource<B>, prefix: &str, dim: usize, eps: f64) -> Self {
+        let weight = src.take1(&format!("{prefix}.weight"), [dim], Init::Ones);
+        let bias = src.take1(&format!("{prefix}.bias"), [dim], Init::Zeros);
+        Self {
+            weight: Param::from_tensor(weight),
+            bias: Param::from_tensor(bias),
+            eps,
+        }
+    }
+
+    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+        sink.put(&format!("{prefix}.weight"), self.weight.val());
+        sink.put(&format!("{prefix}.bias"), self.bias.val());
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let mean = x.clone().mean_dim(D - 1);
+        let centered = x - mean;
+        let var = centered.clone().powi_scalar(2).mean_dim(D - 1);
+        let x = centered * (var + self.eps).sqrt().recip();
+        x * self.weight.val().unsqueeze::<D>() + self.bias.val().unsqueeze::<D>()
+    }
+}
+
+/// Exact GELU `0.5·z·(1 + erf(z/√2))` (PyTorch `nn.GELU()` default).
+pub fn gelu_erf<const D: usize, B: Backend>(z: Tensor<B, D>) -> Tensor<B, D> {
+    z.clone() * (z * std::f64::consts::FRAC_1_SQRT_2).erf().add_scalar(1.0) * 0.5
+}
+
+/// QuickGELU `z·σ(1.702·z)` (CLIP / Qwen2-VL vision MLP).
+pub fn quick_gelu<const D: usize, B: Backend>(z: Tensor<B, D>) -> Tensor<B, D> {
+    z.clone() * sigmoid(z * 1.702)
+}
+
+/// SiLU `z·σ(z)`.
+pub fn silu<const D: usize, B: Backend>(z: Tensor<B, D>) -> Tensor<B, D> {
+    z.clone() * sigmoid(z)
+}
+
+/// Gated MLP `down(silu(gate(x)) ⊙ up(x))` (LLaMA/Qwen SwiGLU).
+#[derive(Module, Debug)]
+pub struct SwiGluMlp<B: Backend> {
+    pub gate_proj: Linear<B>,
+    pub up_proj: Linear<B>,
+    pub down_proj: Linear<B>,
+}
+
+impl<B: Backend> SwiGluMlp<B> {
+    pub fn load(
+        src: &mut dyn WeightSource<B>,
+        prefix: &str,
+        dim: usize,
+        hidden: usize,
+        bias: bool,
+    ) -> Self {
+        Self {
+            gate_proj: Linear::load(src, &format!("{prefix}.gate_proj"), dim, hidden, bias),
+            up_proj: Linear::load(src, &format!("{prefix}.up_proj"), dim, hidden, bias),
+            down_proj: Linear::load(src, &format!("{prefix}.down_proj"), hidden, dim, bias),
+        }
+    }
+
+    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+        self.gate_proj.export(sink, &format!("{prefix}.gate_proj"));
+        self.up_proj.export(sink, &format!("{prefix}.up_proj"));
+        self.down_proj.export(sink, &format!("{prefix}.down_proj"));
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let g = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(g * self.up_proj.forward(x))
+    }
+}
+
+/// `rotate_half(x) = [−x[d/2:], x[:d/2]]` over the last dimension.
+pub fn rotate_half<const D: usize, B: Backend>(x: Tensor<B, D>) -> Tensor<B, D> {
+    let d = x.dims()[D - 1];
+    let half = d / 2;
+    let x1 = x.clone().narrow(D - 1, 0, half);
+    let x2 = x.narrow(D - 1, half, half);
+    Tensor::cat(vec![x2.neg(), x1], D - 1)
+}
+
+/// Rotate-half RoPE: `x·cos + rotate_half(x)·sin` (cos/sin broadcast against `x`).
+pub fn apply_rotary<const D: usize, B: Backend>(
+    x: Tensor<B, D>,
+    cos: Tensor<B, D>,
+    sin: Tensor<B, D>,
+) -> Tensor<B, D> {
+    x.clone() * cos + rotate_half(x) * sin
+}
+
+/// RoPE inverse frequencies `1 / theta^(2i/dim)`, i = 0..dim/2 − 1 (computed in f64, stored f32).
+pub fn inv_freq(theta: f64, dim: usize) -> Vec<f32> {
+    (0..dim / 2)
+        .map(|i| (1.0 / theta.powf(2.0 * i as f64 / dim as f64)) as f32)
+        .collect()
+}
+
+/// cos/sin tables `[batch, len, head_dim]` of rotate-half RoPE from explicit position ids
+/// `[streams, batch, len]`.
+///
+/// Half-dimension slot i takes its position from stream `s(i)`: with one stream every slot uses
+/// it; with several, `sections` (Qwen2-VL's `mrope_section`, summing to head_dim/2) assigns
+/// consecutive slots to streams 0, 1, 2. `angle_i = pos[s(i)]·inv_freq[i]`,
+/// `cos = [cos(angle), cos(angle)]` (HF `apply_multimodal_rotary_pos_emb`).
+pub fn rope_tables<B: Backend>(
+    positions: Tensor<B, 3, Int>,
+    inv_freq: &[f32],
+    sections: &[usize],
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let [streams, batch, len] = positions.dims();
+    let half = inv_freq.len();
+    let device = positions.device();
+    let freq = Tensor::<B, 1>::from_data(TensorData::new(inv_freq.to_vec(), [half]), &device)
+        .reshape([1, 1, half]);
+    let pos = positions.float();
+    let angles = if streams == 1 {
+        pos.reshape([batch, len, 1]) * freq
+    } else {
+        let mut parts = Vec::with_capacity(sections.len());
+        let mut start = 0;
+        for (s, &n) in sections.iter().enumerate() {
+            let p = pos
+                .clone()
+                .narrow(0, s.min(streams - 1), 1)
+                .reshape([batch, len, 1]);
+            parts.push(p * freq.clone().narrow(2, start, n));
+            start += n;
+        }
+        Tensor::cat(parts, 2)
+    };
+    let emb = Tensor::cat(vec![angles.clone(), angles], 2);
+    (emb.clone().cos(), emb.sin())
+}
+
+/// Additive attention bias `[batch, 1, len, past + len]`: 0 where query i (absolute index
+/// `past + i`) may attend key j (`j ≤ past + i` and `key_mask[b, j] = 1`), a large negative
+/// number elsewhere (finite, so fully masked padding rows give a uniform softmax like HF's
+/// `finfo.min` bias instead of NaN).
+pub fn causal_padding_bias<B: Backend>(key_mask: Tensor<B, 2, Int>, len: usize) -> Tensor<B, 4> {
+    let [batch, total] = key_mask.dims();
+    let past = total - len;
+    let device = key_mask.device();
+    let mut causal = Vec::with_capacity(len * total);
+    for i in 0..len {
+        for j in 0..total {
+            causal.push(if j <= past + i { 0.0f32 } else { MASKED });
+        }
+    }
+    let causal = Tensor::<B, 1>::from_data(TensorData::new(causal, [len * total]), &device)
+        .reshape([1, 1, len, total]);
+    let pad = (key_mask.float().sub_scalar(1.0) * (-MASKED)).reshape([batch, 1, 1, total]);
+    // Both terms are ≤ 0; clamp so that a doubly masked entry stays finite and equal to the others.
+    (causal + pad).clamp_min(MASKED)
+}
+
+/// Bias of masked attention entries.
+pub const MASKED: f32 = -1.0e30;
+
+/// `softmax(q·kᵀ·scale + bias)·v` with q `[.., L, d]`, k, v `[.., T, d]`.
+pub fn attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Option<Tensor<B, 4>>,
+    scale: f64,
+) -> Tensor<B, 4> {
+    let mut scores = q.matmul(k.transpose()) * scale;
+    if let Some(b) = bias {
+        scores = scores + b;
+    }
+    softmax(scores, 3).matmul(v)
+}
+
+/// `[batch, kv_heads, T, d]` → `[batch, kv_heads·group, T, d]`: query head j uses kv head
+/// `j / group` (HF `repeat_kv`).
+pub fn repeat_kv<B: Backend>(x: Tensor<B, 4>, group: usize) -> Tensor<B, 4> {
+    if group == 1 {
+        return x;
+    }
+    let [b, h, t, d] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .repeat_dim(2, group)
+        .reshape([b, h * group, t, d])
+}

@@ -1,0 +1,169 @@
+//! [`Model`]: a loaded model of any registered family, as one burn `Module` (so optimizers can
+//! step it and autodiff can differentiate it) that exposes its capabilities.
+//!
+//! Loading reads a Hugging Face directory (config.json + safetensors, single or sharded);
+//! saving writes the same layout back; [`Model::random`] builds randomly initialised weights from
+//! a config (tiny default models, benchmarks). Callers use `causal_lm()`, `vision()` and
+//! `multimodal_positions()`, never the variant.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use burn::prelude::*;
+
+use crate::capabilities::{
+    CausalLm, MultimodalPositions, PaddedBatch, PositionIds, ProcessedImage, Vision,
+    plain_positions, scatter_image_embeddings,
+};
+use crate::qwen2_vl::{QwenVl, QwenVlConfig};
+use crate::weights::{Checkpoint, RandomInit, WeightSink, WeightSource};
+
+/// A model of any registered family.
+#[derive(Module, Debug)]
+pub enum Model<B: Backend> {
+    /// Qwen2-VL and Qwen2.5-VL.
+    QwenVl(QwenVl<B>),
+}
+
+/// A parsed config of any registered family.
+enum FamilyConfig {
+    QwenVl(QwenVlConfig),
+}
+
+fn parse_config(text: &str) -> Result<FamilyConfig> {
+    let json: serde_json::Value = serde_json::from_str(text).context("parsing config.json")?;
+    let model_type = json
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .context("config.json has no string `model_type`")?;
+    crate::registry::family(model_type)?;
+    match model_type {
+        "qwen2_vl" | "qwen2_5_vl" => Ok(FamilyConfig::QwenVl(QwenVlConfig::from_value(&json)?)),
+        other => bail!("model_type `{other}` is registered but has no model implementation"),
+    }
+}
+
+impl<B: Backend> Model<B> {
+    fn build(config: &FamilyConfig, src: &mut dyn WeightSource<B>) -> Self {
+        match config {
+            FamilyConfig::QwenVl(c) => Model::QwenVl(QwenVl::load(src, c)),
+        }
+    }
+
+    /// Loads a Hugging Face model directory: `config.json` and `model.safetensors` or the shards
+    /// of `model.safetensors.index.json`. Missing, unexpected and mis-shaped tensors are all
+    /// reported, by name, in one error.
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let config = parse_config(&text).with_context(|| format!("in {}", path.display()))?;
+        let mut ckpt = Checkpoint::<B>::open(dir, device)?;
+        let model = Self::build(&config, &mut ckpt);
+        ckpt.finish()?;
+        Ok(model)
+    }
+
+    /// A randomly initialised model of the config in `config_json` (the text of a config.json):
+    /// normal weights with the config's `initializer_range` (0.02 when absent), zero biases,
+    /// unit norm weights; deterministic in `seed`.
+    pub fn random(config_json: &str, device: &B::Device, seed: u64) -> Result<Self> {
+        let config = parse_config(config_json)?;
+        let std = match &config {
+            FamilyConfig::QwenVl(c) => c.text.initializer_range as f32,
+        };
+        let mut src = RandomInit::<B>::new(device, seed, std);
+        Ok(Self::build(&config, &mut src))
+    }
+
+    /// Writes the model as a Hugging Face directory: `config.json` and F32 safetensors (sharded
+    /// with an index when larger than `max_shard_bytes`), loadable by [`Model::load`] and by
+    /// transformers.
+    pub fn save(&self, dir: &Path, max_shard_bytes: Option<usize>) -> Result<()> {
+        let mut sink = WeightSink::default();
+        self.export(&mut sink);
+        sink.write(dir, max_shard_bytes)?;
+        let path = dir.join("config.json");
+        std::fs::write(&path, self.config_json())
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    }
+
+    /// Every weight under its checkpoint name.
+    pub fn export(&self, sink: &mut WeightSink) {
+        match self {
+            Model::QwenVl(m) => m.export(sink),
+        }
+    }
+
+    /// The config.json text describing this model.
+    pub fn config_json(&self) -> String {
+        match self {
+            Model::QwenVl(m) => m.config.to_json(),
+        }
+    }
+
+    /// `config.json`'s `model_type` (for messages and metadata only; behaviour follows the
+    /// capabilities).
+    pub fn model_type(&self) -> &'static str {
+        match self {
+            Model::QwenVl(m) => m.config.flavor.model_type(),
+        }
+    }
+
+    /// The causal-LM capability (every family has it).
+    pub fn causal_lm(&self) -> &dyn CausalLm<B> {
+        match self {
+            Model::QwenVl(m) => m,
+        }
+    }
+
+    /// The vision capability, for families that take images.
+    pub fn vision(&self) -> Option<&dyn Vision<B>> {
+        match self {
+            Model::QwenVl(m) => Some(m),
+        }
+    }
+
+    /// The multimodal position-id capability, for families with multimodal RoPE.
+    pub fn multimodal_positions(&self) -> Option<&dyn MultimodalPositions> {
+        match self {
+            Model::QwenVl(m) => Some(&m.positions),
+        }
+    }
+
+    /// Position ids of a prompt batch: the family's multimodal ones when it has them, else
+    /// plain 1-D positions from the attention mask.
+    pub fn position_ids(
+        &self,
+        batch: &PaddedBatch,
+        images: &[ProcessedImage],
+    ) -> Result<PositionIds> {
+        match self.multimodal_positions() {
+            Some(p) => p.position_ids(batch, images),
+            None => Ok(plain_positions(batch)),
+        }
+    }
+
+    /// Input embeddings `[batch, len, hidden]` of a prompt batch: token embeddings with the
+    /// image embeddings scattered into the image-token positions.
+    pub fn input_embeddings(
+        &self,
+        batch: &PaddedBatch,
+        images: &[ProcessedImage],
+        device: &B::Device,
+    ) -> Result<Tensor<B, 3>> {
+        batch.validate()?;
+        let lm = self.causal_lm();
+        let embeds = lm.embed_tokens(batch.ids_tensor(device));
+        match self.vision() {
+            Some(v) if !images.is_empty() => {
+                let image_embeds = v.embed_images(images, device)?;
+                scatter_image_embeddings(embeds, &batch.ids, v.image_token_id(), image_embeds)
+            }
+            Some(_) => Ok(embeds),
+            None if images.is_empty() => Ok(embeds),
+            None => bail!("model `{}` takes no images", self.model_type()),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Qwen2-VL and Qwen2.5-VL (`model_type` `qwen2_vl`, `qwen2_5_vl`).
+//!
+//! The two families share the text decoder, the position-id algorithm and the image processor;
+//! they differ in the vision tower ([`config::Flavor`]). Files: `config` (config.json), `text`
+//! (decoder), `vision` (tower + merger + Qwen2.5 windows), `positions` (M-RoPE ids),
+//! `processor` (image processor).
+
+pub mod config;
+pub mod positions;
+pub mod processor;
+pub mod text;
+pub mod vision;
+
+use anyhow::Result;
+use burn::prelude::*;
+
+use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
+use crate::weights::{WeightSink, WeightSource};
+pub use config::{Flavor, QwenVlConfig};
+pub use positions::MropePositions;
+use text::TextModel;
+use vision::{VisionTower, VisionTrace};
+
+/// A Qwen2-VL / Qwen2.5-VL conditional-generation model (HF `Qwen2VLForConditionalGeneration`).
+#[derive(Module, Debug)]
+pub struct QwenVl<B: Backend> {
+    pub text: TextModel<B>,
+    pub visual: VisionTower<B>,
+    pub config: QwenVlConfig,
+    pub positions: MropePositions,
+}
+
+impl<B: Backend> QwenVl<B> {
+    /// Builds the model from `config`, taking every weight from `src`.
+    pub fn load(src: &mut dyn WeightSource<B>, config: &QwenVlConfig) -> Self {
+        let visual = VisionTower::load(src, &config.vision, config.flavor);
+        let text = TextModel::load(src, &config.text);
+        Self {
+            text,
+            visual,
+            config: config.clone(),
+            positions: MropePositions {
+                image_token_id: config.image_token_id,
+                spatial_merge_size: config.vision.spatial_merge_size,
+            },
+        }
+    }
+
+    /// Every weight under its legacy hub name (`visual.*`, `model.*`, `lm_head.weight`).
+    pub fn export(&self, sink: &mut WeightSink) {
+        self.visual.export(sink);
+        self.text.export(sink);
+    }
+
+    /// Image embeddings with the vision intermediates (for parity tests).
+    pub fn embed_images_traced(
+        &self,
+        images: &[ProcessedImage],
+        device: &B::Device,
+    ) -> Result<(Tensor<B, 2>, VisionTrace<B>)> {
+        let (pixels, grids) = self.visual.inputs(images, device)?;
+        let mut trace = VisionTrace::default();
+        let out = self.visual.forward(pixels, &grids, Some(&mut trace));
+        Ok((out, trace))
+    }
+}
+
+impl<B: Backend> CausalLm<B> for QwenVl<B> {
+    fn embed_tokens(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.text.embed(ids)
+    }
+
+    fn forward_hidden(
+        &self,
+        _ids: Tensor<B, 2, Int>,
+        embeds: Tensor<B, 3>,
+        positions: Tensor<B, 3, Int>,
+        attention_mask: Tensor<B, 2, Int>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        self.text
+            .forward(embeds, positions, attention_mask, cache, None)
+    }
+
+    fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.text.logits(hidden)
+    }
+
+    fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.text.layers.len())
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.text.vocab_size
+    }
+
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.config.text.eos_token_ids.clone()
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.text.max_position_embeddings
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.text.hidden_size
+    }
+}
+
+impl<B: Backend> Vision<B> for QwenVl<B> {
+    fn image_token_id(&self) -> u32 {
+        self.config.image_token_id
+    }
+
+    fn embed_images(&self, images: &[ProcessedImage], device: &B::Device) -> Result<Tensor<B, 2>> {
+        let (pixels, grids) = self.visual.inputs(images, device)?;
+        Ok(self.visual.forward(pixels, &grids, None))
+    }
+}

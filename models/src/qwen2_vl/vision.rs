@@ -1,0 +1,511 @@
+//! The Qwen2-VL / Qwen2.5-VL vision tower (HF `Qwen2VisionTransformerPretrainedModel`,
+//! `Qwen2_5_VisionTransformerPretrainedModel`).
+//!
+//! Patch embedding (the Conv3d as a matmul over flattened patches) → blocks with 2-D rotary
+//! attention, block-diagonal per image (Qwen2.5-VL: per window, except in the full-attention
+//! blocks) → patch merger (norm per patch, 2×2 patches concatenated, Linear → exact GELU →
+//! Linear). Patch rows arrive in merge-block order (see the processor), so four consecutive rows
+//! form one merged token.
+
+use anyhow::{Result, ensure};
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+
+use super::config::{Flavor, VisionConfig};
+use crate::capabilities::ProcessedImage;
+use crate::layers::{
+    LayerNorm, Linear, MASKED, RmsNorm, SwiGluMlp, apply_rotary, gelu_erf, inv_freq, quick_gelu,
+};
+use crate::weights::{Init, WeightSink, WeightSource};
+
+/// Vision RoPE base (hard-coded in the reference `VisionRotaryEmbedding`).
+const VISION_ROPE_THETA: f64 = 10000.0;
+/// Vision norm epsilon (hard-coded in the reference).
+const VISION_NORM_EPS: f64 = 1e-6;
+
+/// LayerNorm (Qwen2-VL) or RMSNorm (Qwen2.5-VL).
+#[derive(Module, Debug)]
+pub enum VisionNorm<B: Backend> {
+    Layer(LayerNorm<B>),
+    Rms(RmsNorm<B>),
+}
+
+impl<B: Backend> VisionNorm<B> {
+    fn load(src: &mut dyn WeightSource<B>, prefix: &str, dim: usize, flavor: Flavor) -> Self {
+        match flavor {
+            Flavor::Qwen2Vl => Self::Layer(LayerNorm::load(src, prefix, dim, VISION_NORM_EPS)),
+            Flavor::Qwen25Vl => Self::Rms(RmsNorm::load(src, prefix, dim, VISION_NORM_EPS)),
+        }
+    }
+
+    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+        match self {
+            Self::Layer(n) => n.export(sink, prefix),
+            Self::Rms(n) => n.export(sink, prefix),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            Self::Layer(n) => n.forward(x),
+            Self::Rms(n) => n.forward(x),
+        }
+    }
+}
+
+/// Qwen2-VL block MLP `fc2(quick_gelu(fc1(x)))`.
+#[derive(Module, Debug)]
+pub struct QuickGeluMlp<B: Backend> {
+    pub fc1: Linear<B>,
+    pub fc2: Linear<B>,
+}
+
+/// Block MLP of either family.
+#[derive(Module, Debug)]
+pub enum VisionMlp<B: Backend> {
+    QuickGelu(QuickGeluMlp<B>),
+    Gated(SwiGluMlp<B>),
+}
+
+impl<B: Backend> VisionMlp<B> {
+    fn load(src: &mut dyn WeightSource<B>, prefix: &str, c: &VisionConfig, flavor: Flavor) -> Self {
+        match flavor {
+            Flavor::Qwen2Vl => Self::QuickGelu(QuickGeluMlp {
+                fc1: Linear::load(src, &format!("{prefix}.fc1"), c.width, c.mlp_hidden, true),
+                fc2: Linear::load(src, &format!("{prefix}.fc2"), c.mlp_hidden, c.width, true),
+            }),
+            Flavor::Qwen25Vl => {
+                Self::Gated(SwiGluMlp::load(src, prefix, c.width, c.mlp_hidden, true))
+            }
+        }
+    }
+
+    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+        match self {
+            Self::QuickGelu(m) => {
+                m.fc1.export(sink, &format!("{prefix}.fc1"));
+                m.fc2.export(sink, &format!("{prefix}.fc2"));
+            }
+            Self::Gated(m) => m.export(sink, prefix),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            Self::QuickGelu(m) => m.fc2.forward(quick_gelu(m.fc1.forward(x))),
+            Self::Gated(m) => m.forward(x),
+        }
+    }
+}
+
+/// One pre-norm vision block.
+#[derive(Module, Debug)]
+pub struct VisionBlock<B: Backend> {
+    pub norm1: VisionNorm<B>,
+    pub norm2: VisionNorm<B>,
+    pub qkv: Linear<B>,
+    pub proj: Linear<B>,
+    pub mlp: VisionMlp<B>,
+    pub num_heads: usize,
+}
+
+impl<B: Backend> VisionBlock<B> {
+    fn load(src: &mut dyn WeightSource<B>, prefix: &str, c: &VisionConfig, flavor: Flavor) -> Self {
+        Self {
+            norm1: VisionNorm::load(src, &format!("{prefix}.norm1"), c.width, flavor),
+            norm2: VisionNorm::load(src, &format!("{prefix}.norm2"), c.width, flavor),
+            qkv: Linear::load(
+                src,
+                &format!("{prefix}.attn.qkv"),
+                c.width,
+                3 * c.width,
+                true,
+            ),
+            proj: Linear::load(src, &format!("{prefix}.attn.proj"), c.width, c.width, true),
+            mlp: VisionMlp::load(src, &format!("{prefix}.mlp"), c, flavor),
+            num_heads: c.num_heads,
+        }
+    }
+
+    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+        self.norm1.export(sink, &format!("{prefix}.norm1"));
+        self.norm2.export(sink, &format!("{prefix}.norm2"));
+        self.qkv.export(sink, &format!("{prefix}.attn.qkv"));
+        self.proj.export(sink, &format!("{prefix}.attn.proj"));
+        self.mlp.export(sink, &format!("{prefix}.mlp"));
+    }
+
+    /// `x` `[N, width]`; cos/sin `[1, N, head_dim]`; attention inside each `(start, len)` of
+    /// `segments`, with an additive bias per segment (window attention) when given.
+    fn forward(
+        &self,
+        x: Tensor<B, 2>,
+        cos: Tensor<B, 3>,
+        sin: Tensor<B, 3>,
+        segments: &[(usize, usize)],
+        biases: Option<&[Option<Tensor<B, 2>>]>,
+    ) -> Tensor<B, 2> {
+        let [n, width] = x.dims();
+        let heads = self.num_heads;
+        let d = width / heads;
+        let qkv = self
+            .qkv
+            .forward(self.norm1.forward(x.clone()))
+            .reshape([n, 3, heads, d]);
+        let part = |i: usize| {
+            qkv.clone()
+                .narrow(1, i, 1)
+                .reshape([n, heads, d])
+                .swap_dims(0, 1)
+        };
+        let q = apply_rotary(part(0), cos.clone(), sin.clone());
+        let k = apply_rotary(part(1), cos, sin);
+        let v = part(2);
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut outs = Vec::with_capacity(segments.len());
+        for (s, &(start, len)) in segments.iter().enumerate() {
+            let qs = q.clone().narrow(1, start, len);
+            let ks = k.clone().narrow(1, start, len);
+            let vs = v.clone().narrow(1, start, len);
+            let mut scores = qs.matmul(ks.transpose()) * scale;
+            if let Some(Some(b)) = biases.map(|b| &b[s]) {
+                scores = scores + b.clone().unsqueeze_dim(0);
+            }
+            outs.push(softmax(scores, 2).matmul(vs));
+        }
+        let attn = Tensor::cat(outs, 1).swap_dims(0, 1).reshape([n, width]);
+        let x = x + self.proj.forward(attn);
+        let m = self.mlp.forward(self.norm2.forward(x.clone()));
+        x + m
+    }
+}
+
+/// Host-side layout of a batch of images for the vision tower.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VisionLayout {
+    /// (h, w) patch coordinates per patch row, `pixel_values` order.
+    pub rope_pos_hw: Vec<[i64; 2]>,
+    /// Full-attention segment boundaries in patches (one segment per frame).
+    pub cu_seqlens: Vec<usize>,
+    /// Qwen2.5-VL: merged-token permutation into window order.
+    pub window_index: Option<Vec<usize>>,
+    /// Qwen2.5-VL: window boundaries in patches (window order, empty windows removed).
+    pub cu_window_seqlens: Option<Vec<usize>>,
+}
+
+/// Intermediate vision outputs for parity tests.
+pub struct VisionTrace<B: Backend> {
+    pub patch_embeds: Option<Tensor<B, 2>>,
+    /// Output of each block (Qwen2.5-VL: window order).
+    pub block_out: Vec<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Default for VisionTrace<B> {
+    fn default() -> Self {
+        Self {
+            patch_embeds: None,
+            block_out: Vec::new(),
+        }
+    }
+}
+
+/// The whole vision tower.
+#[derive(Module, Debug)]
+pub struct VisionTower<B: Backend> {
+    /// Conv3d weight flattened to `[width, in_channels·temporal·patch·patch]`.
+    pub patch_embed: Param<Tensor<B, 2>>,
+    pub blocks: Vec<VisionBlock<B>>,
+    pub merger_norm: VisionNorm<B>,
+    pub merger_fc1: Linear<B>,
+    pub merger_fc2: Linear<B>,
+    pub config: VisionConfig,
+    pub inv_freq: Vec<f32>,
+}
+
+impl<B: Backend> VisionTower<B> {
+    pub fn load(src: &mut dyn WeightSource<B>, c: &VisionConfig, flavor: Flavor) -> Self {
+        let p = c.patch_size;
+        let patch = src
+            .take(
+                "visual.patch_embed.proj.weight",
+                [c.width, c.in_channels, c.temporal_patch_size, p, p],
+                Init::Matrix,
+            )
+            .reshape([c.width, c.patch_dim()]);
+        let merged = c.width * c.spatial_merge_size * c.spatial_merge_size;
+        let head_dim = c.width / c.num_heads;
+        Self {
+            patch_embed: Param::from_tensor(patch),
+            blocks: (0..c.depth)
+                .map(|i| VisionBlock::load(src, &format!("visual.blocks.{i}"), c, flavor))
+                .collect(),
+            merger_norm: VisionNorm::load(src, "visual.merger.ln_q", c.width, flavor),
+            merger_fc1: Linear::load(src, "visual.merger.mlp.0", merged, merged, true),
+            merger_fc2: Linear::load(src, "visual.merger.mlp.2", merged, c.out_width, true),
+            config: c.clone(),
+            // VisionRotaryEmbedding(head_dim / 2): 1/theta^(2j/(head_dim/2)), j < head_dim/4.
+            inv_freq: inv_freq(VISION_ROPE_THETA, head_dim / 2),
+        }
+    }
+
+    pub fn export(&self, sink: &mut WeightSink) {
+        let c = &self.config;
+        let p = c.patch_size;
+        sink.put(
+            "visual.patch_embed.proj.weight",
+            self.patch_embed
+                .val()
+                .reshape([c.width, c.in_channels, c.temporal_patch_size, p, p]),
+        );
+        for (i, b) in self.blocks.iter().enumerate() {
+            b.export(sink, &format!("visual.blocks.{i}"));
+        }
+        self.merger_norm.export(sink, "visual.merger.ln_q");
+        self.merger_fc1.export(sink, "visual.merger.mlp.0");
+        self.merger_fc2.export(sink, "visual.merger.mlp.2");
+    }
+
+    /// Patch coordinates, attention segments and (Qwen2.5-VL) the window permutation of images
+    /// with grids `[t, gh, gw]` (HF `rot_pos_emb`, `get_window_index`; see the fixtures README
+    /// §5.1–5.2).
+    pub fn layout(&self, grids: &[[usize; 3]]) -> VisionLayout {
+        let m = self.config.spatial_merge_size;
+        let mut pos = Vec::new();
+        let mut cu = vec![0usize];
+        for &[t, gh, gw] in grids {
+            for _ in 0..t {
+                for bh in 0..gh / m {
+                    for bw in 0..gw / m {
+                        for mh in 0..m {
+                            for mw in 0..m {
+                                pos.push([(bh * m + mh) as i64, (bw * m + mw) as i64]);
+                            }
+                        }
+                    }
+                }
+                cu.push(cu.last().copied().unwrap_or(0) + gh * gw);
+            }
+        }
+        let (window_index, cu_window) = if self.config.window_size > 0 {
+            let (w, c) = self.window_index(grids);
+            (Some(w), Some(c))
+        } else {
+            (None, None)
+        };
+        VisionLayout {
+            rope_pos_hw: pos,
+            cu_seqlens: cu,
+            window_index,
+            cu_window_seqlens: cu_window,
+        }
+    }
+
+    /// Qwen2.5-VL window order: per frame, the merged grid `lh × lw` is cut into
+    /// `vws × vws` windows (`vws = window_size / merge / patch`, bottom/right windows partial),
+    /// windows row-major, tokens row-major inside a window.
+    fn window_index(&self, grids: &[[usize; 3]]) -> (Vec<usize>, Vec<usize>) {
+        let c = &self.config;
+        let m = c.spatial_merge_size;
+        let unit = m * m;
+        let vws = (c.window_size / m / c.patch_size).max(1);
+        let mut index = Vec::new();
+        let mut cu = vec![0usize];
+        let mut offset = 0;
+        for &[t, gh, gw] in grids {
+            let (lh, lw) = (gh / m, gw / m);
+            for tt in 0..t {
+                let base = offset + tt * lh * lw;
+                for wy in 0..lh.div_ceil(vws) {
+                    for wx in 0..lw.div_ceil(vws) {
+                        let mut count = 0;
+                        for y in wy * vws..((wy + 1) * vws).min(lh) {
+                            for x in wx * vws..((wx + 1) * vws).min(lw) {
+                                index.push(base + y * lw + x);
+                                count += 1;
+                            }
+                        }
+                        cu.push(cu.last().copied().unwrap_or(0) + count * unit);
+                    }
+                }
+            }
+            offset += t * lh * lw;
+        }
+        (index, cu)
+    }
+
+    /// Embeddings `[Σ tokens, out_width]` of `pixel_values` `[N, patch_dim]` for images with
+    /// `grids`, in raster order of the merged tokens.
+    pub fn forward(
+        &self,
+        pixel_values: Tensor<B, 2>,
+        grids: &[[usize; 3]],
+        mut trace: Option<&mut VisionTrace<B>>,
+    ) -> Tensor<B, 2> {
+        let c = &self.config;
+        let device = pixel_values.device();
+        let layout = self.layout(grids);
+        let n = layout.rope_pos_hw.len();
+        let unit = c.spatial_merge_size * c.spatial_merge_size;
+        let head_dim = c.width / c.num_heads;
+
+        let mut x = pixel_values.matmul(self.patch_embed.val().transpose());
+        if let Some(t) = trace.as_deref_mut() {
+            t.patch_embeds = Some(x.clone());
+        }
+
+        // 2-D rotary tables: angles [h·inv_freq, w·inv_freq], emb = [a, a].
+        let q = self.inv_freq.len();
+        let mut angles = Vec::with_capacity(n * head_dim);
+        for &[h, w] in &layout.rope_pos_hw {
+            let a: Vec<f32> = (0..2 * q)
+                .map(|j| {
+                    if j < q {
+                        h as f32 * self.inv_freq[j]
+                    } else {
+                        w as f32 * self.inv_freq[j - q]
+                    }
+                })
+                .collect();
+            angles.extend_from_slice(&a);
+            angles.extend_from_slice(&a);
+        }
+        let emb = Tensor::<B, 1>::from_data(TensorData::new(angles, [n * head_dim]), &device)
+            .reshape([n, head_dim]);
+        let (mut cos, mut sin) = (emb.clone().cos(), emb.sin());
+
+        // Qwen2.5-VL: permute rows (in groups of one merged token) into window order.
+        let window = layout.window_index.as_ref().map(|wi| {
+            let idx = index_tensor::<B>(wi, &device);
+            let permute = |t: Tensor<B, 2>| {
+                let w = t.dims()[1];
+                t.reshape([n / unit, unit * w])
+                    .select(0, idx.clone())
+                    .reshape([n, w])
+            };
+            x = permute(x.clone());
+            cos = permute(cos.clone());
+            sin = permute(sin.clone());
+            wi
+        });
+        let cos = cos.unsqueeze_dim::<3>(0);
+        let sin = sin.unsqueeze_dim::<3>(0);
+
+        let frames: Vec<(usize, usize)> = layout
+            .cu_seqlens
+            .windows(2)
+            .map(|w| (w[0], w[1] - w[0]))
+            .collect();
+        // Window attention inside each frame: a block-diagonal bias over that frame's windows.
+        let window_biases: Option<Vec<Option<Tensor<B, 2>>>> =
+            layout.cu_window_seqlens.as_ref().map(|cw| {
+                frames
+                    .iter()
+                    .map(|&(start, len)| Some(window_bias::<B>(cw, start, len, &device)))
+                    .collect()
+            });
+
+        for (i, block) in self.blocks.iter().enumerate() {
+            let windowed = window_biases.is_some() && !c.fullatt_block_indexes.contains(&i);
+            let biases = if windowed {
+                window_biases.as_deref()
+            } else {
+                None
+            };
+            x = block.forward(x, cos.clone(), sin.clone(), &frames, biases);
+            if let Some(t) = trace.as_deref_mut() {
+                t.block_out.push(x.clone());
+            }
+        }
+
+        let x = self
+            .merger_norm
+            .forward(x)
+            .reshape([n / unit, unit * c.width]);
+        let merged = self
+            .merger_fc2
+            .forward(gelu_erf(self.merger_fc1.forward(x)));
+        match window {
+            Some(wi) => {
+                let mut reverse = vec![0usize; wi.len()];
+                for (j, &w) in wi.iter().enumerate() {
+                    reverse[w] = j;
+                }
+                merged.select(0, index_tensor::<B>(&reverse, &device))
+            }
+            None => merged,
+        }
+    }
+
+    /// Concatenated pixel values and grids of processed images.
+    pub fn inputs(
+        &self,
+        images: &[ProcessedImage],
+        device: &B::Device,
+    ) -> Result<(Tensor<B, 2>, Vec<[usize; 3]>)> {
+        let dim = self.config.patch_dim();
+        let mut values = Vec::new();
+        let mut grids = Vec::with_capacity(images.len());
+        for (k, img) in images.iter().enumerate() {
+            ensure!(
+                img.grid.len() == 3,
+                "image {k}: grid {:?} is not [t, h, w]",
+                img.grid
+            );
+            let grid = [img.grid[0], img.grid[1], img.grid[2]];
+            let patches = grid[0] * grid[1] * grid[2];
+            ensure!(
+                img.pixel_values.len() == patches * dim,
+                "image {k}: {} pixel values, grid {:?} needs {patches}×{dim}",
+                img.pixel_values.len(),
+                img.grid
+            );
+            let m = self.config.spatial_merge_size;
+            ensure!(
+                grid[1] % m == 0 && grid[2] % m == 0,
+                "image {k}: grid {:?} is not divisible by the merge size {m}",
+                img.grid
+            );
+            values.extend_from_slice(&img.pixel_values);
+            grids.push(grid);
+        }
+        let rows = values.len() / dim;
+        let t = Tensor::<B, 1>::from_data(TensorData::new(values, [rows * dim]), device)
+            .reshape([rows, dim]);
+        Ok((t, grids))
+    }
+}
+
+fn index_tensor<B: Backend>(idx: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+    Tensor::from_data(
+        TensorData::new(idx.iter().map(|&i| i as i64).collect(), [idx.len()]),
+        device,
+    )
+}
+
+/// `[len, len]` additive bias allowing attention only inside the windows (boundaries
+/// `cu_window`, global patch indices) that lie in the frame `[start, start + len)`.
+fn window_bias<B: Backend>(
+    cu_window: &[usize],
+    start: usize,
+    len: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let mut window_of = vec![0usize; len];
+    for (w, pair) in cu_window.windows(2).enumerate() {
+        for p in pair[0].max(start)..pair[1].min(start + len) {
+            window_of[p - start] = w;
+        }
+    }
+    let mut bias = Vec::with_capacity(len * len);
+    for i in 0..len {
+        for j in 0..len {
+            bias.push(if window_of[i] == window_of[j] {
+                0.0f32
+            } else {
+                MASKED
+            });
+        }
+    }
+    Tensor::<B, 1>::from_data(TensorData::new(bias, [len * len]), device).reshape([len, len])
+}
