@@ -15,7 +15,7 @@
 use crate::device::DeviceRequest;
 use crate::diagnostic::{self, Code, Diagnostic, SourceId, SourceMap, Span, did_you_mean};
 use crate::graph::{Edge, Graph, GraphNode, GraphResource, RunConfig, SpanIndex};
-use crate::node::{NodeKind, Subject, ValidateCtx};
+use crate::node::{NodeKind, NodeTable, Subject, ValidateCtx};
 use crate::params::{ParamSpec, ParamType, Params};
 use crate::port::PortSpec;
 use crate::registry::Registry;
@@ -427,6 +427,21 @@ impl Compiler<'_> {
                         },
                     }
                 }
+            };
+            // A kind may specialize itself from the node's table (ports and parameters per node).
+            let kind = match kind {
+                Some(k) => match k.instantiate(&NodeTable {
+                    name: &e.key,
+                    table: t,
+                    header: e.key_span,
+                }) {
+                    Ok(special) => Some(special.unwrap_or(k)),
+                    Err(d) => {
+                        self.diags.extend(d);
+                        None
+                    }
+                },
+                None => None,
             };
             let device = t.get("device").and_then(|d| {
                 spans.values.insert("device".into(), d.value.span);

@@ -49,7 +49,9 @@ use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::graph::{Graph, NodeId, ResourceId};
 use crate::params::{ParamSpec, Params};
 use crate::port::PortSpec;
+use crate::spec::STable;
 use crate::value::{Inputs, Outputs};
+use std::sync::Arc;
 
 /// A kind of node (`kind = "..."` in a graph).
 pub trait NodeKind: Send + Sync {
@@ -74,6 +76,44 @@ pub trait NodeKind: Send + Sync {
     }
     /// Builds a node from validated parameters.
     fn build(&self, params: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>>;
+    /// For kinds whose ports and parameters depend on the node's own table (the `exec` kind asks
+    /// an external program for them in a handshake): the kind to use for this one node. Its
+    /// `inputs`, `outputs`, `params`, `validate` and `build` then apply to that node alone (it
+    /// should keep this kind's `name`). Called in the shape stage, before the node's parameters
+    /// are checked; errors are reported like any other diagnostic and the node is then left out
+    /// of the wiring checks. Default: `Ok(None)`, this kind as it is.
+    fn instantiate(
+        &self,
+        node: &NodeTable<'_>,
+    ) -> Result<Option<Arc<dyn NodeKind>>, Vec<Diagnostic>> {
+        let _ = node;
+        Ok(None)
+    }
+}
+
+/// What [`NodeKind::instantiate`] sees: the node's name and its table as written in the graph.
+pub struct NodeTable<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) table: &'a STable,
+    pub(crate) header: Span,
+}
+
+impl NodeTable<'_> {
+    /// The node's name (`reward` for `[nodes.reward]`).
+    pub fn name(&self) -> &str {
+        self.name
+    }
+
+    /// The value of `key` as JSON (`None` when absent).
+    pub fn get(&self, key: &str) -> Option<serde_json::Value> {
+        self.table.get(key).map(|e| e.value.to_json())
+    }
+
+    /// An error (code E0106) pointing at `key`'s value, or at the table header when it is absent.
+    pub fn error(&self, key: &str, message: impl Into<String>) -> Diagnostic {
+        let span = self.table.get(key).map_or(self.header, |e| e.value.span);
+        Diagnostic::error(Code::InvalidValue, message).at(span)
+    }
 }
 
 /// A node of a running graph.
