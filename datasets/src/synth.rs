@@ -339,8 +339,9 @@ pub const SPECIAL_TOKENS: [&str; 14] = [
     "<|video_pad|>",
 ];
 
-/// Size of the byte-level BPE vocabulary (256 bytes + merges); the special tokens follow, so
-/// the whole vocabulary is 496 + 14 = 510 ids (a model's `vocab_size` of 512 covers it).
+/// Upper bound of the byte-level BPE vocabulary (256 bytes + merges). The task's text runs out of
+/// merges earlier (408 ids); the 14 special tokens follow the BPE ids (408..=421), so a tiny
+/// model's `vocab_size` of 512 covers the tokenizer with room to spare.
 pub const BPE_VOCAB_SIZE: usize = 496;
 
 /// Qwen2-VL's chat template (from `Qwen/Qwen2-VL-2B-Instruct`'s `chat_template.json`).
