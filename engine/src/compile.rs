@@ -85,12 +85,38 @@ pub fn run_params() -> Vec<ParamSpec> {
     ]
 }
 
-/// Compiles a graph file. `name` is how the file is shown in diagnostics (its path).
+/// One `path.to.key=value` override and where it came from (shown in diagnostics: `--set #2`,
+/// `--steps`, `--device`).
+#[derive(Clone, Debug)]
+pub struct Override {
+    pub origin: String,
+    pub text: String,
+}
+
+impl Override {
+    pub fn new(origin: impl Into<String>, text: impl Into<String>) -> Self {
+        Override {
+            origin: origin.into(),
+            text: text.into(),
+        }
+    }
+
+    /// `--set` arguments, numbered from 1 in the order given.
+    pub fn sets(args: &[String]) -> Vec<Override> {
+        args.iter()
+            .enumerate()
+            .map(|(i, a)| Override::new(format!("--set #{}", i + 1), a.clone()))
+            .collect()
+    }
+}
+
+/// Compiles a graph file. `name` is how the file is shown in diagnostics (its path). Returns the
+/// graph and its warnings, or every diagnostic.
 pub fn compile(
     registry: &Registry,
     name: &str,
     text: &str,
-    overrides: &[String],
+    overrides: &[Override],
 ) -> Result<(Graph, Vec<Diagnostic>), Failure> {
     let mut sources = SourceMap::default();
     let file = sources.add(name, text);
@@ -108,9 +134,9 @@ pub fn compile(
         Err(d) => return fail(d, sources),
     };
     let mut diags = Vec::new();
-    for (i, arg) in overrides.iter().enumerate() {
-        let id = sources.add(format!("--set #{}", i + 1), arg.clone());
-        if let Err(d) = spec::apply_override(&mut doc, arg, id) {
+    for o in overrides {
+        let id = sources.add(o.origin.clone(), o.text.clone());
+        if let Err(d) = spec::apply_override(&mut doc, &o.text, id) {
             diags.push(d);
         }
     }

@@ -6,34 +6,39 @@
 //! (`run`), with metrics, checkpoints and progress. Node kinds plug in through the [`NodeKind`] /
 //! [`Node`] traits (see [`node`]); the engine never imports a concrete node kind.
 
+pub mod cli;
 pub mod compile;
 pub mod context;
 pub mod device;
 pub mod diagnostic;
+pub mod export;
 pub mod graph;
 pub mod node;
 pub mod params;
+pub mod plot;
 pub mod port;
+pub mod progress;
 pub mod registry;
 pub mod resource;
+pub mod run;
 pub mod rundir;
 pub mod scheduler;
 pub mod session;
 pub mod spec;
 pub mod value;
 
-pub use compile::{Failure, compile};
+pub use compile::{Failure, Override, compile};
 pub use context::{BuildContext, StepContext, derive_seed};
 pub use device::{DeviceRequest, DeviceSpec};
 pub use diagnostic::{Code, Diagnostic, Severity, Span};
 pub use graph::{Graph, RunConfig};
-pub use node::{Node, NodeKind, NodeView, ResourceView, ValidateCtx};
+pub use node::{Node, NodeKind, NodeTable, NodeView, ResourceView, ValidateCtx};
 pub use params::{ParamSpec, ParamType, Params};
 pub use port::{PortSpec, PortType};
 pub use registry::{NodeKindRegistration, Registry, ResourceKindRegistration};
 pub use resource::{ResourceKind, ResourceValue, Resources};
 pub use session::{RunState, Session, StepReport};
-pub use value::{Inputs, Outputs, Value};
+pub use value::{Inputs, Outputs, Payload, Value};
 
 #[doc(hidden)]
 pub use inventory;

@@ -1,0 +1,144 @@
+//! The step loop of `flowrl run`: run directory, resume, metrics, checkpoints, progress, plots.
+//!
+//! Input: a compiled [`Graph`] and [`RunOptions`]; output: a [`RunSummary`] or the first error.
+//! A resumed run restores the newest checkpoint and continues at the following step; because every
+//! random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
+
+use crate::device::DeviceRequest;
+use crate::graph::Graph;
+use crate::progress::{Progress, ProgressMode};
+use crate::rundir::{RUN_FILE, RunDir};
+use crate::session::Session;
+use anyhow::Context as _;
+use std::path::{Path, PathBuf};
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The graph file (recorded in `run.json`; names the default run directory).
+    pub graph_file: Option<PathBuf>,
+    /// Exact run directory. Default: a new timestamped directory under `[run] out`, or under
+    /// `runs/<graph file stem>`.
+    pub out: Option<PathBuf>,
+    /// Continue the run in `out` from its newest checkpoint.
+    pub resume: bool,
+    /// Replace a run already in `out`.
+    pub force: bool,
+    pub progress: ProgressMode,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    pub first_step: u64,
+    pub steps: u64,
+    pub seconds: f64,
+    pub plot: Option<PathBuf>,
+}
+
+/// Where a new run goes when `--out` is not given.
+pub fn default_run_dir(graph: &Graph, graph_file: Option<&Path>) -> PathBuf {
+    let base = match &graph.run.out {
+        Some(o) => PathBuf::from(o),
+        None => {
+            let stem = graph_file
+                .and_then(|p| p.file_stem())
+                .map_or_else(|| "run".to_string(), |s| s.to_string_lossy().to_string());
+            Path::new("runs").join(stem)
+        }
+    };
+    RunDir::fresh_path(&base)
+}
+
+/// Runs the graph to its last step.
+pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
+    let device = graph
+        .run
+        .device
+        .parse::<DeviceRequest>()
+        .map_err(anyhow::Error::msg)?
+        .resolve()
+        .map_err(anyhow::Error::msg)?;
+    let dir = match (&opts.out, opts.resume) {
+        (Some(p), true) => RunDir::open(p)?,
+        (None, true) => anyhow::bail!("--resume needs the run directory"),
+        (Some(p), false) => RunDir::create(p, opts.force)?,
+        (None, false) => {
+            RunDir::create(&default_run_dir(&graph, opts.graph_file.as_deref()), false)?
+        }
+    };
+    std::fs::write(dir.graph_file(), &graph.resolved)
+        .with_context(|| format!("writing {}", dir.graph_file().display()))?;
+    let run_info = serde_json::json!({
+        "graph_file": opts.graph_file.as_ref().map(|p| p.display().to_string()),
+        "device": device.to_string(),
+        "flowrl_version": env!("CARGO_PKG_VERSION"),
+        "steps": graph.run.steps,
+        "seed": graph.run.seed,
+    });
+    std::fs::write(
+        dir.path.join(RUN_FILE),
+        serde_json::to_string_pretty(&run_info)?,
+    )?;
+
+    let total = graph.run.steps;
+    let every = graph.run.checkpoint_every;
+    let keep = graph.run.keep_checkpoints as usize;
+    let plot = graph.run.plot;
+    let mut session = Session::build(graph, device, Some(dir.path.clone()))?;
+    let mut first = 0;
+    if opts.resume
+        && let Some((_, ckpt)) = dir.list_checkpoints().pop()
+    {
+        let state = session
+            .load_checkpoint(&ckpt)
+            .with_context(|| format!("restoring checkpoint {}", ckpt.display()))?;
+        first = state.completed_steps;
+    }
+    let mut metrics = dir.metrics_writer(first)?;
+    let mut progress = Progress::new(opts.progress, first, total);
+    if opts.resume {
+        progress.message(&format!(
+            "resuming {} at step {}/{total}",
+            dir.path.display(),
+            first + 1
+        ));
+    } else {
+        progress.message(&format!("run directory: {}", dir.path.display()));
+    }
+    for step in first..total {
+        let report = session
+            .run_step(step, &mut |e| progress.event(e))
+            .inspect_err(|_| progress.finish())?;
+        for n in &report.nodes {
+            for w in &n.warnings {
+                progress.message(&format!("warning: node `{}`: {w}", n.name));
+            }
+        }
+        metrics.write(step + 1, &report.metrics)?;
+        progress.step_done(&report);
+        if every > 0 && ((step + 1) % every == 0 || step + 1 == total) {
+            session.save_checkpoint(&dir.checkpoint(step + 1), step + 1)?;
+            dir.prune_checkpoints(keep)?;
+        }
+    }
+    progress.finish();
+    let plot_path = if plot {
+        match crate::plot::plot_run(&dir.path, None) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("warning: could not draw plots: {e:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Ok(RunSummary {
+        run_dir: dir.path.clone(),
+        first_step: first,
+        steps: total,
+        seconds: progress.elapsed().as_secs_f64(),
+        plot: plot_path,
+    })
+}
