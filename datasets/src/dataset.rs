@@ -125,6 +125,39 @@ pub struct PromptBatch {
     pub epoch: u64,
 }
 
+/// Serialized as a summary for sinks and logs: per prompt the uid, rendered text, token ids,
+/// ground truth, data source, extra info, source row and each image's grid and token count
+/// (pixel values are left out).
+impl Serialize for PromptBatch {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let prompts: Vec<Json> = self
+            .prompts
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "uid": p.uid,
+                    "text": p.text,
+                    "input_ids": p.input_ids,
+                    "ground_truth": p.ground_truth,
+                    "data_source": p.data_source,
+                    "extra_info": p.extra_info,
+                    "source": p.source,
+                    "images": p.images.iter().map(|i| serde_json::json!({
+                        "grid": i.grid, "num_tokens": i.num_tokens,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "epoch": self.epoch,
+            "pad_token_id": self.pad_token_id,
+            "image_token_id": self.image_token_id,
+            "prompts": prompts,
+        })
+        .serialize(serializer)
+    }
+}
+
 impl PromptBatch {
     pub fn len(&self) -> usize {
         self.prompts.len()

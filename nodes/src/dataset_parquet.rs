@@ -1,0 +1,404 @@
+//! The `dataset.parquet` node kind: verl-format prompt files → one [`PromptBatch`] per step.
+//!
+//! ```toml
+//! [nodes.data]
+//! kind = "dataset.parquet"
+//! path = "datasets/shapes/train.parquet"     # or paths = ["a.parquet", "b.parquet"]
+//! val_path = "datasets/shapes/test.parquet"  # optional: the whole split on `val_prompts`
+//! model = "policy"                           # template, tokenizer and image processor
+//! batch_size = 8
+//! max_prompt_length = 256
+//! ```
+//!
+//! Everything about reading, encoding, filtering, truncation, shuffling and epochs is
+//! `flowrl_datasets` ([`PromptDataset`]); this file maps graph parameters to it (verl's `data.*`
+//! names), loads everything at build time (so bad rows fail before step 0), and saves the
+//! data position (epoch, cursor, seed) as the node's state so that a resumed run sees the same
+//! next batch. Metrics: `training/epoch`, `data/filtered_overlong`, `data/truncated` and
+//! `data/skipped_mismatched` (counts of the load, reported at step 0).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use flowrl_datasets::verl::{ReadOptions, VerlColumns};
+use flowrl_datasets::{DataPosition, DatasetOptions, PromptDataset, PromptEncoder, Truncation};
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, ParamType, Params,
+    Payload, PortSpec, PortType, StepContext, ValidateCtx, Value,
+};
+use serde::Deserialize;
+
+use crate::model_resource::ModelResource;
+use crate::values::{PromptBatch, port_types};
+
+/// The `dataset.parquet` kind.
+pub struct DatasetParquet;
+
+#[derive(Debug, Deserialize)]
+struct DatasetParams {
+    path: Option<PathBuf>,
+    paths: Option<Vec<PathBuf>>,
+    val_path: Option<PathBuf>,
+    model: Option<String>,
+    model_dir: Option<PathBuf>,
+    batch_size: usize,
+    shuffle: bool,
+    seed: Option<u64>,
+    max_prompt_length: usize,
+    truncation: String,
+    filter_overlong_prompts: bool,
+    prompt_key: String,
+    image_key: String,
+    ground_truth_key: String,
+    data_source_key: String,
+    skip_mismatched_rows: bool,
+}
+
+impl DatasetParams {
+    fn train_paths(&self) -> Vec<PathBuf> {
+        match (&self.path, &self.paths) {
+            (Some(p), _) => vec![p.clone()],
+            (None, Some(ps)) => ps.clone(),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    fn options(&self, seed: u64) -> Result<DatasetOptions> {
+        let truncation: Truncation = self.truncation.parse().map_err(anyhow::Error::msg)?;
+        Ok(DatasetOptions {
+            read: ReadOptions {
+                columns: VerlColumns {
+                    prompt_key: self.prompt_key.clone(),
+                    image_key: (!self.image_key.is_empty()).then(|| self.image_key.clone()),
+                    ground_truth_key: self.ground_truth_key.clone(),
+                    data_source_key: self.data_source_key.clone(),
+                    ..VerlColumns::default()
+                },
+                skip_mismatched_rows: self.skip_mismatched_rows,
+                check_images: true,
+            },
+            max_prompt_length: self.max_prompt_length,
+            truncation,
+            filter_overlong_prompts: self.filter_overlong_prompts,
+            batch_size: self.batch_size,
+            shuffle: self.shuffle,
+            seed,
+        })
+    }
+}
+
+impl NodeKind for DatasetParquet {
+    fn name(&self) -> &str {
+        "dataset.parquet"
+    }
+
+    fn doc(&self) -> &str {
+        "Reads verl-format prompt parquet files (prompt messages, images, reward_model.ground_truth, \
+         data_source), renders the model's chat template, tokenizes, expands image tokens, filters or \
+         truncates long prompts, and emits `batch_size` shuffled prompts per step, epoch after epoch."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        let prompts = PortType::new(port_types::PROMPTS);
+        vec![
+            PortSpec::new("prompts", prompts).doc("the step's batch of training prompts"),
+            PortSpec::new("val_prompts", prompts)
+                .doc("every prompt of `val_path`, in file order (only with `val_path`)"),
+        ]
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![
+            ParamSpec::path("path").doc("a training parquet file (or use `paths`)"),
+            ParamSpec::array("paths", ParamType::Path).doc("several training parquet files, read in order"),
+            ParamSpec::path("val_path").doc("a validation parquet file, emitted whole on `val_prompts`"),
+            ParamSpec::resource("model", "model")
+                .doc("the model whose chat template, tokenizer and image processor encode the prompts"),
+            ParamSpec::path("model_dir")
+                .doc("a Hugging Face model directory to encode with, instead of `model`"),
+            ParamSpec::int("batch_size").required().min(1.0).doc("prompts per step (verl: train_batch_size)"),
+            ParamSpec::bool("shuffle").default(true).doc("a new seeded order every epoch"),
+            ParamSpec::int("seed").min(0.0).doc("shuffle seed (default: the run's seed)"),
+            ParamSpec::int("max_prompt_length")
+                .default(1024)
+                .min(1.0)
+                .doc("prompt tokens, image tokens included"),
+            ParamSpec::one_of("truncation", &["error", "left", "right"])
+                .default("error")
+                .doc("what to do with a longer prompt that was not filtered out"),
+            ParamSpec::bool("filter_overlong_prompts")
+                .default(true)
+                .doc("drop prompts longer than max_prompt_length at load"),
+            ParamSpec::string("prompt_key").default("prompt").doc("column of chat messages"),
+            ParamSpec::string("image_key")
+                .default("images")
+                .doc("column of images (\"\" for text-only data)"),
+            ParamSpec::string("ground_truth_key")
+                .default("reward_model.ground_truth")
+                .doc("dotted path of the reference answer"),
+            ParamSpec::string("data_source_key").default("data_source").doc("column of the reward selector"),
+            ParamSpec::bool("skip_mismatched_rows")
+                .default(false)
+                .doc("drop rows whose <image> count differs from their image count (counted in data/skipped_mismatched)"),
+        ]
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let mut out = Vec::new();
+        let p = ctx.params();
+        let has = |k: &str| p.get_path(k).is_some_and(|v| !v.is_null());
+        match (has("path"), has("paths")) {
+            (true, true) => out.push(ctx.error("paths", "give either `path` or `paths`, not both")),
+            (false, false) => out.push(ctx.error(
+                "path",
+                "no training data: set `path = \"train.parquet\"` or `paths = [...]`",
+            )),
+            _ => {}
+        }
+        match (has("model"), has("model_dir")) {
+            (true, true) => out.push(ctx.error("model_dir", "give either `model` or `model_dir`, not both")),
+            (false, false) => out.push(ctx.error(
+                "model",
+                "the prompts need a chat template and tokenizer: set `model = \"policy\"` or `model_dir = \"...\"`",
+            )),
+            _ => {}
+        }
+        let mut files: Vec<(&str, String)> = Vec::new();
+        for key in ["path", "val_path", "model_dir"] {
+            if let Some(s) = p.get_str(key) {
+                files.push((key, s.to_string()));
+            }
+        }
+        if let Some(list) = p.get_path("paths").and_then(|v| v.as_array()) {
+            files.extend(
+                list.iter()
+                    .filter_map(|v| v.as_str())
+                    .map(|s| ("paths", s.to_string())),
+            );
+        }
+        for (key, f) in files {
+            if !std::path::Path::new(&f).exists() {
+                out.push(ctx.error(key, format!("`{f}` does not exist")));
+            }
+        }
+        out
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        Ok(Box::new(build_node(params, ctx)?))
+    }
+}
+
+/// Loads the training (and validation) data: all reading and encoding happens here.
+fn build_node(params: &Params, ctx: &BuildContext) -> Result<DatasetNode> {
+    let p: DatasetParams = params.parse()?;
+    let dir = match (&p.model, &p.model_dir) {
+        (Some(name), _) => ctx.resource::<ModelResource>(name)?.dir.clone(),
+        (None, Some(dir)) => dir.clone(),
+        (None, None) => bail!("dataset.parquet needs `model` or `model_dir`"),
+    };
+    let encoder = Arc::new(PromptEncoder::from_model_dir(&dir).with_context(|| {
+        format!(
+            "node `{}`: loading the prompt encoder of {}",
+            ctx.node,
+            dir.display()
+        )
+    })?);
+    let options = p.options(p.seed.unwrap_or(ctx.seed))?;
+    let train = PromptDataset::load(&p.train_paths(), encoder.clone(), options.clone())?;
+    anyhow::ensure!(
+        train.len() >= options.batch_size,
+        "node `{}`: {} prompts are left after loading (filtered as overlong: {}, skipped as mismatched: {}), \
+             fewer than batch_size {}",
+        ctx.node,
+        train.len(),
+        train.report().filtered_overlong,
+        train.report().skipped_mismatched.len(),
+        options.batch_size
+    );
+    let val = match &p.val_path {
+        Some(path) => {
+            let mut vo = options.clone();
+            vo.shuffle = false;
+            let ds = PromptDataset::load(std::slice::from_ref(path), encoder, vo)?;
+            // One batch holding the whole split, built once and shared by every step.
+            let mut all = PromptBatch {
+                prompts: Vec::with_capacity(ds.len()),
+                pad_token_id: 0,
+                image_token_id: None,
+                epoch: 0,
+            };
+            for b in ds.eval_batches() {
+                let b = b?;
+                all.pad_token_id = b.pad_token_id;
+                all.image_token_id = b.image_token_id;
+                all.prompts.extend(b.prompts);
+            }
+            Some(Value::new(
+                PortType::new(port_types::PROMPTS),
+                Payload::new(all),
+            ))
+        }
+        None => None,
+    };
+    Ok(DatasetNode {
+        train,
+        val,
+        reported: false,
+    })
+}
+
+struct DatasetNode {
+    train: PromptDataset,
+    val: Option<Value>,
+    reported: bool,
+}
+
+impl DatasetNode {
+    fn next_batch(&mut self) -> Result<PromptBatch> {
+        self.train.next_batch()
+    }
+}
+
+impl Node for DatasetNode {
+    fn run(&mut self, _inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        if !self.reported {
+            let r = self.train.report();
+            ctx.metric("data/filtered_overlong", r.filtered_overlong as f64);
+            ctx.metric("data/truncated", r.truncated as f64);
+            ctx.metric("data/skipped_mismatched", r.skipped_mismatched.len() as f64);
+            for s in r.skipped_mismatched.iter().take(3) {
+                ctx.warn(format!(
+                    "skipped {} row {}: {}",
+                    s.source.file.display(),
+                    s.source.row,
+                    s.reason
+                ));
+            }
+            self.reported = true;
+        }
+        let batch = self.next_batch()?;
+        ctx.metric("training/epoch", batch.epoch as f64);
+        let mut out = Outputs::new().with("prompts", batch);
+        if let Some(v) = &self.val {
+            out = out.with_value("val_prompts", v);
+        }
+        Ok(out)
+    }
+
+    fn save_state(&self) -> Result<Option<serde_json::Value>> {
+        Ok(Some(serde_json::to_value(self.train.position())?))
+    }
+
+    fn load_state(&mut self, state: serde_json::Value) -> Result<()> {
+        let position: DataPosition = serde_json::from_value(state)
+            .context("dataset.parquet: reading the saved data position")?;
+        self.train.set_position(position)
+    }
+}
+
+flowrl_engine::register_node_kind!(DatasetParquet);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowrl_engine::{DeviceSpec, Resources};
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    /// The shapes test split read as text-only data, encoded with the tiny tokenizer's template.
+    fn params(extra: serde_json::Value) -> Params {
+        let mut v = serde_json::json!({
+            "path": root().join("datasets/shapes/test.parquet"),
+            "model_dir": root().join("assets/tokenizer"),
+            "batch_size": 4,
+            "shuffle": true,
+            "seed": 3,
+            "max_prompt_length": 128,
+            "truncation": "error",
+            "filter_overlong_prompts": true,
+            "prompt_key": "prompt",
+            "image_key": "",
+            "ground_truth_key": "reward_model.ground_truth",
+            "data_source_key": "data_source",
+            "skip_mismatched_rows": false,
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        Params::from_map(v.as_object().unwrap().clone())
+    }
+
+    fn ctx() -> BuildContext {
+        BuildContext {
+            node: "data".into(),
+            device: DeviceSpec::Cpu,
+            seed: 1,
+            total_steps: 10,
+            resources: Arc::new(Resources::default()),
+            run_dir: None,
+        }
+    }
+
+    fn rows(b: &PromptBatch) -> Vec<(String, usize)> {
+        b.prompts
+            .iter()
+            .map(|p| (p.uid.clone(), p.source.row))
+            .collect()
+    }
+
+    #[test]
+    fn emits_batches_and_resumes_from_saved_state() {
+        let p = params(serde_json::json!({}));
+        let mut node = build_node(&p, &ctx()).unwrap();
+        let mut step = StepContext::new(
+            "data",
+            0,
+            10,
+            1,
+            DeviceSpec::Cpu,
+            Arc::new(Resources::default()),
+        );
+        node.run(&Inputs::new("data"), &mut step).unwrap();
+        let state = node.save_state().unwrap().unwrap();
+        assert_eq!(state["cursor"], 4);
+        let want: Vec<_> = (0..60).map(|_| rows(&node.next_batch().unwrap())).collect();
+        assert!(
+            want.iter().any(|b| b[0].0.starts_with("e1-")),
+            "crosses an epoch"
+        );
+
+        let mut resumed = build_node(&p, &ctx()).unwrap();
+        resumed.load_state(state).unwrap();
+        for w in want {
+            assert_eq!(rows(&resumed.next_batch().unwrap()), w);
+        }
+    }
+
+    #[test]
+    fn seed_defaults_to_the_run_seed_and_val_path_loads_the_whole_split() {
+        let p = params(serde_json::json!({
+            "seed": null,
+            "val_path": root().join("datasets/shapes/test.parquet"),
+        }));
+        let node = build_node(&p, &ctx()).unwrap();
+        assert_eq!(node.train.position().seed, 1);
+        let val: &PromptBatch = node.val.as_ref().unwrap().downcast_ref().unwrap();
+        assert_eq!(val.len(), flowrl_datasets::synth::DEFAULT_TEST);
+        assert_eq!(val.prompts[0].source.row, 0);
+    }
+
+    #[test]
+    fn missing_files_are_build_errors_with_the_path() {
+        let p = params(serde_json::json!({"path": "nowhere/train.parquet"}));
+        let e = build_node(&p, &ctx()).err().unwrap().to_string();
+        assert!(e.contains("nowhere/train.parquet: cannot open"), "{e}");
+    }
+}
