@@ -40,6 +40,17 @@ pub struct ModelParts<'a, B: Backend> {
     pub positions: Option<&'a dyn MultimodalPositions>,
 }
 
+impl<'a, B: Backend> ModelParts<'a, B> {
+    /// The capabilities of a loaded model.
+    pub fn of(model: &'a crate::Model<B>) -> Self {
+        Self {
+            lm: model.causal_lm(),
+            vision: model.vision(),
+            positions: model.multimodal_positions(),
+        }
+    }
+}
+
 /// How long to generate and how to choose tokens.
 #[derive(Debug, Clone)]
 pub struct GenerationConfig {
@@ -51,6 +62,9 @@ pub struct GenerationConfig {
     pub stop_token_ids: Vec<u32>,
     /// Id used for left padding of the prompts (masked out; any valid id works).
     pub pad_token_id: u32,
+    /// Token ids that are never generated (their logits are set to −∞ before sampling), e.g. the
+    /// image token, which a response must not contain.
+    pub suppress_token_ids: Vec<u32>,
 }
 
 /// One prompt: its token ids (image placeholders already expanded) and its processed images, in
@@ -119,8 +133,12 @@ pub fn generate<B: Backend, R: Rng + ?Sized>(
     match model.vision {
         Some(vision) => {
             let image_embeds = vision.embed_images(&images, device)?;
-            embeds =
-                scatter_image_embeddings(embeds, &padded.ids, vision.image_token_id(), image_embeds)?;
+            embeds = scatter_image_embeddings(
+                embeds,
+                &padded.ids,
+                vision.image_token_id(),
+                image_embeds,
+            )?;
         }
         None => ensure!(
             images.is_empty(),
@@ -154,6 +172,11 @@ pub fn generate<B: Backend, R: Rng + ?Sized>(
         // Choose a token for every running row, in batch order.
         let mut next = Vec::with_capacity(active.len());
         for (slot, &row) in active.iter().enumerate() {
+            for &t in &config.suppress_token_ids {
+                if let Some(x) = logits[slot].get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
             let s = sample(&logits[slot], &config.sampling, rng)?;
             out.tokens[row].push(s.token);
             out.log_probs[row].push(s.log_prob);

@@ -1,7 +1,22 @@
 //! flowrl-nodes: the built-in node kinds (one kind per file) and the model/optimizer resources.
 //!
 //! Values on edges are defined in [`values`]; node kinds register with the engine's registry.
+//!
+//! The main job's pieces: the `model` resource kind ([`model_resource`]), the node kinds
+//! `rollout`, `logprob`, `update.ppo`, `update.sft` and `eval`, and what they share:
+//! [`sequences`] (response log-probs in chunks), [`train`] (optimizer parameters and the guarded
+//! step), [`optim`] (AdamW, clipping, schedules with PyTorch/verl semantics), [`backend`].
 
+pub mod backend;
+pub mod dataset_parquet;
+pub mod logprob;
+pub mod model_resource;
+pub mod optim;
+pub mod rollout;
+pub mod sequences;
+pub mod train;
+pub mod update_ppo;
+pub mod validate;
 pub mod values;
 
 pub use values::{AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix};

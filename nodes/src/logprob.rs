@@ -1,0 +1,140 @@
+//! The `logprob` node kind: per-token log-probs of the response tokens under a model (the old
+//! policy before the update, or the frozen reference), without gradients.
+//!
+//! Rows are processed `micro_batch_size` at a time; within a micro-batch only the response
+//! positions go through the LM head, `chunk` positions at a time (see [`crate::sequences`]).
+//! Logits are divided by `temperature` first, as verl's actor does (set it to the rollout's).
+//! Timing key `old_log_prob`; a reference node sets `timing = "ref"` in the graph (verl's
+//! `timing_s/ref`).
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use flowrl_engine::{
+    BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, PortType,
+    StepContext,
+};
+use serde::Deserialize;
+
+use crate::model_resource::ModelResource;
+use crate::sequences::{SequenceBatch, masked_host};
+use crate::values::{RolloutBatch, TokenLogProbs, TokenMatrix, port_types};
+
+/// The `logprob` kind.
+pub struct LogProbKind;
+
+#[derive(Debug, Clone, Deserialize)]
+struct LogProbParams {
+    model: String,
+    temperature: f64,
+    micro_batch_size: usize,
+    chunk: usize,
+    entropy: bool,
+}
+
+impl NodeKind for LogProbKind {
+    fn name(&self) -> &str {
+        "logprob"
+    }
+
+    fn doc(&self) -> &str {
+        "Per-token log-probs of the response tokens under a model (old policy or reference), in \
+         micro-batches and chunks over the response positions, without gradients."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS))]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![
+            PortSpec::new("log_probs", PortType::new(port_types::TOKEN_LOG_PROBS))
+                .doc("[B, T] log-probs, 0 at padding"),
+        ]
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![
+            ParamSpec::resource("model", "model").required().doc("the model to score with"),
+            ParamSpec::float("temperature")
+                .default(1.0)
+                .gt(0.0)
+                .doc("logits are divided by it (use the rollout temperature)"),
+            ParamSpec::int("micro_batch_size")
+                .default(16)
+                .min(1.0)
+                .doc("responses per forward pass (verl: log_prob_micro_batch_size_per_gpu)"),
+            ParamSpec::int("chunk")
+                .default(64)
+                .min(1.0)
+                .doc("response positions per LM-head block"),
+            ParamSpec::bool("entropy").default(false).doc("also output the per-token entropy"),
+        ]
+    }
+
+    fn timing_key(&self) -> Option<&str> {
+        Some("old_log_prob")
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: LogProbParams = params.parse()?;
+        let model = ctx.resource::<ModelResource>(&p.model)?;
+        Ok(Box::new(LogProbNode { p, model }))
+    }
+}
+
+struct LogProbNode {
+    p: LogProbParams,
+    model: Arc<ModelResource>,
+}
+
+impl Node for LogProbNode {
+    fn run(&mut self, inputs: &Inputs, _ctx: &mut StepContext) -> Result<Outputs> {
+        let rollouts = inputs.get_arc::<RolloutBatch>("rollouts")?;
+        let out = token_log_probs(
+            &self.model,
+            &rollouts,
+            self.p.temperature,
+            self.p.micro_batch_size,
+            self.p.chunk,
+            self.p.entropy,
+        )?;
+        Ok(Outputs::new().with_opaque("log_probs", out))
+    }
+}
+
+/// Log-probs (and optionally entropies) of every response token of `rollouts` under `model`.
+pub fn token_log_probs(
+    model: &ModelResource,
+    rollouts: &RolloutBatch,
+    temperature: f64,
+    micro_batch_size: usize,
+    chunk: usize,
+    with_entropy: bool,
+) -> Result<TokenLogProbs> {
+    let (infer, device) = {
+        let s = model.lock();
+        (s.inference_model(), s.device)
+    };
+    let (b, t) = (rollouts.len(), rollouts.response_len());
+    let mut log_probs = TokenMatrix::zeros(b, t);
+    let mut entropy = with_entropy.then(|| TokenMatrix::zeros(b, t));
+    let rows: Vec<usize> = (0..b).collect();
+    for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
+        let seq = SequenceBatch::new(rollouts, chunk_rows)?;
+        let out = seq.log_probs(&infer, temperature, chunk, &device)?;
+        let lp = masked_host(out.log_probs, &seq.mask)?;
+        for (k, &r) in chunk_rows.iter().enumerate() {
+            log_probs.row_mut(r).copy_from_slice(&lp[k * t..(k + 1) * t]);
+        }
+        if let Some(e) = entropy.as_mut() {
+            let h = masked_host(out.entropy, &seq.mask)?;
+            for (k, &r) in chunk_rows.iter().enumerate() {
+                e.row_mut(r).copy_from_slice(&h[k * t..(k + 1) * t]);
+            }
+        }
+    }
+    Ok(TokenLogProbs { log_probs, entropy })
+}
+
+flowrl_engine::register_node_kind!(LogProbKind);

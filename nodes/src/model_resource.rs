@@ -1,0 +1,315 @@
+//! The `model` resource kind: `[models.NAME]` sections of a graph.
+//!
+//! ```toml
+//! [models.policy]
+//! path = "assets/tiny-qwen2-vl"   # a Hugging Face model directory
+//! [models.reference]
+//! from = "policy"                 # a frozen copy of another model resource (its initial weights)
+//! ```
+//!
+//! A model resource holds the loaded [`Model`] (on the training backend, so update nodes can
+//! differentiate it; other nodes use its non-autodiff view, `AutodiffModule::valid`), the
+//! tokenizer of its directory (to decode responses), its optimizer state once an update node
+//! created one, and update counters. Nodes share it through the engine's resources and lock it for
+//! the time of their work.
+//!
+//! Checkpoints ([`ResourceKind::save`]) write `model/` in the Hugging Face layout (config.json +
+//! safetensors, loadable by transformers and by this kind), `optimizer.safetensors` (AdamW moments)
+//! and `state.json` (counters). A frozen copy (`from`) saves nothing: the engine builds every
+//! resource from the graph before it restores a checkpoint, so the copy is taken from the source's
+//! initial weights again.
+//!
+//! Load-time checks: the directory exists and holds `config.json`; the tokenizer's vocabulary fits
+//! the model's embedding table (a mismatch means tokenizer and weights come from different models).
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use burn::module::{AutodiffModule, Module};
+use flowrl_engine::{
+    BuildContext, Diagnostic, ParamSpec, Params, ResourceKind, ResourceValue, ValidateCtx,
+};
+use flowrl_models::Model;
+use serde::{Deserialize, Serialize};
+use tokenizers::Tokenizer;
+
+use crate::backend::{InferBackend, TrainBackend, TrainDevice};
+use crate::optim::AdamW;
+
+/// Counters of the optimizer steps applied to a model (saved with checkpoints).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateCounters {
+    /// Optimizer steps applied.
+    pub optimizer_steps: u64,
+    /// Optimizer steps skipped because the loss or the gradient norm was not finite.
+    pub skipped_steps: u64,
+}
+
+/// The mutable part of a model resource.
+pub struct ModelState {
+    pub model: Model<TrainBackend>,
+    /// Created by the first update node that trains this model.
+    pub optimizer: Option<AdamW<TrainBackend>>,
+    pub counters: UpdateCounters,
+    pub device: TrainDevice,
+}
+
+impl ModelState {
+    /// The model without autodiff (for generation and log-probs without gradients).
+    pub fn inference_model(&self) -> Model<InferBackend> {
+        self.model.valid()
+    }
+}
+
+/// A built `model` resource.
+pub struct ModelResource {
+    /// The resource's name in the graph.
+    pub name: String,
+    /// The Hugging Face directory the weights, tokenizer and processor come from.
+    pub dir: PathBuf,
+    /// False for frozen copies (`from = ...`): update nodes refuse to train them.
+    pub trainable: bool,
+    /// `tokenizer.json` of `dir`, when present.
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    state: Mutex<ModelState>,
+}
+
+impl ModelResource {
+    /// Loads a Hugging Face directory (see the module doc for the checks).
+    pub fn load(name: &str, dir: &Path, trainable: bool) -> Result<Self> {
+        ensure!(
+            dir.is_dir(),
+            "model `{name}`: directory `{}` does not exist",
+            dir.display()
+        );
+        ensure!(
+            dir.join("config.json").is_file(),
+            "model `{name}`: `{}` has no config.json (not a Hugging Face model directory)",
+            dir.display()
+        );
+        let device = TrainDevice::default();
+        let model = Model::<TrainBackend>::load(dir, &device)
+            .with_context(|| format!("model `{name}`: loading {}", dir.display()))?;
+        let tokenizer = if dir.join("tokenizer.json").is_file() {
+            let t = flowrl_datasets::encoder::load_tokenizer(dir)?;
+            let vocab = t.get_vocab_size(true);
+            let model_vocab = model.causal_lm().vocab_size();
+            ensure!(
+                vocab <= model_vocab,
+                "model `{name}`: the tokenizer in {} has {vocab} tokens but the model's vocabulary \
+                 has {model_vocab} rows: tokenizer and weights do not belong together",
+                dir.display()
+            );
+            Some(Arc::new(t))
+        } else {
+            None
+        };
+        Ok(Self::from_model(name, dir, trainable, tokenizer, model, device))
+    }
+
+    /// Wraps an already built model (tests, random initialisation).
+    pub fn from_model(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        tokenizer: Option<Arc<Tokenizer>>,
+        model: Model<TrainBackend>,
+        device: TrainDevice,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            trainable,
+            tokenizer,
+            state: Mutex::new(ModelState {
+                model,
+                optimizer: None,
+                counters: UpdateCounters::default(),
+                device,
+            }),
+        }
+    }
+
+    /// A frozen copy of this resource's current weights.
+    pub fn frozen_copy(&self, name: &str) -> Self {
+        let s = self.lock();
+        let model = s.model.clone().no_grad();
+        let device = s.device;
+        drop(s);
+        Self::from_model(name, &self.dir, false, self.tokenizer.clone(), model, device)
+    }
+
+    /// Exclusive access to the model and its optimizer.
+    pub fn lock(&self) -> MutexGuard<'_, ModelState> {
+        // A panic while holding the lock leaves a model that is still usable for saving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The tokenizer, or an error naming the model directory.
+    pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            anyhow!(
+                "model `{}`: {} has no tokenizer.json (needed to decode responses)",
+                self.name,
+                self.dir.display()
+            )
+        })
+    }
+
+    /// Writes the checkpoint files into `dir` (see the module doc).
+    pub fn save_to(&self, dir: &Path) -> Result<()> {
+        if !self.trainable {
+            return Ok(());
+        }
+        let s = self.lock();
+        s.model.save(&dir.join("model"), None)?;
+        for file in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json"] {
+            let src = self.dir.join(file);
+            if src.is_file() {
+                std::fs::copy(&src, dir.join("model").join(file))
+                    .with_context(|| format!("copying {}", src.display()))?;
+            }
+        }
+        if let Some(opt) = &s.optimizer {
+            opt.save(&dir.join("optimizer.safetensors"))?;
+        }
+        std::fs::write(dir.join("state.json"), serde_json::to_string_pretty(&s.counters)?)?;
+        Ok(())
+    }
+
+    /// Restores what [`ModelResource::save_to`] wrote.
+    pub fn load_from(&self, dir: &Path) -> Result<()> {
+        if !self.trainable {
+            return Ok(());
+        }
+        let mut s = self.lock();
+        let device = s.device;
+        s.model = Model::<TrainBackend>::load(&dir.join("model"), &device)
+            .with_context(|| format!("model `{}`: restoring {}", self.name, dir.display()))?;
+        let opt_path = dir.join("optimizer.safetensors");
+        if opt_path.is_file() {
+            let mut opt = s
+                .optimizer
+                .take()
+                .unwrap_or_else(|| AdamW::new(Default::default()));
+            opt.load(&opt_path, &device)?;
+            s.optimizer = Some(opt);
+        }
+        let state = dir.join("state.json");
+        if state.is_file() {
+            s.counters = serde_json::from_str(&std::fs::read_to_string(&state)?)
+                .with_context(|| format!("parsing {}", state.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The `model` resource kind (`[models.*]`).
+pub struct ModelKind;
+
+#[derive(Deserialize)]
+struct ModelParams {
+    path: Option<PathBuf>,
+    from: Option<String>,
+    trainable: Option<bool>,
+    dtype: String,
+}
+
+impl ResourceKind for ModelKind {
+    fn name(&self) -> &str {
+        "model"
+    }
+
+    fn section(&self) -> &str {
+        "models"
+    }
+
+    fn doc(&self) -> &str {
+        "A model loaded from a Hugging Face directory (`path`), or a frozen copy of another model \
+         resource's initial weights (`from`). Checkpoints save trainable models in the Hugging Face \
+         layout plus their AdamW state."
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![
+            ParamSpec::path("path").doc("Hugging Face model directory (config.json, safetensors, tokenizer)"),
+            ParamSpec::resource("from", "model").doc("copy this model resource's initial weights, frozen"),
+            ParamSpec::bool("trainable").doc("whether update nodes may train it (default: true for `path`, false for `from`)"),
+            ParamSpec::one_of("dtype", &["f32", "bf16", "f16"])
+                .default("f32")
+                .doc("weight precision (f32 on CPU)"),
+        ]
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let p = ctx.params();
+        let mut out = Vec::new();
+        match (p.get_str("path"), p.get_str("from")) {
+            (Some(_), Some(_)) => out.push(ctx.error(
+                "from",
+                "give either `path` (a model directory) or `from` (a copy of another model), not both",
+            )),
+            (None, None) => out.push(ctx.error(
+                "path",
+                "a model needs `path = \"<Hugging Face directory>\"` or `from = \"<other model>\"`",
+            )),
+            (Some(path), None) => {
+                let dir = Path::new(path);
+                if !dir.is_dir() {
+                    out.push(ctx.error("path", format!("model directory `{path}` does not exist")));
+                } else if !dir.join("config.json").is_file() {
+                    out.push(ctx.error(
+                        "path",
+                        format!("`{path}` has no config.json: not a Hugging Face model directory"),
+                    ));
+                }
+            }
+            (None, Some(_)) => {
+                if p.get_bool("trainable") == Some(true) {
+                    out.push(ctx.error("trainable", "a `from` copy is frozen; load the directory with `path` to train it"));
+                }
+            }
+        }
+        if let Some(dtype) = p.get_str("dtype")
+            && dtype != "f32"
+        {
+            out.push(ctx.error(
+                "dtype",
+                format!("dtype `{dtype}` needs a CUDA device; this build trains in f32"),
+            ));
+        }
+        out
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<ResourceValue> {
+        let p: ModelParams = params.parse()?;
+        ensure!(p.dtype == "f32", "model `{}`: dtype `{}` is not supported on this build", ctx.node, p.dtype);
+        let resource = match (p.path, p.from) {
+            (Some(path), None) => ModelResource::load(&ctx.node, &path, p.trainable.unwrap_or(true))?,
+            (None, Some(from)) => {
+                let source = ctx.resource::<ModelResource>(&from)?;
+                source.frozen_copy(&ctx.node)
+            }
+            _ => bail!("model `{}` needs exactly one of `path` and `from`", ctx.node),
+        };
+        Ok(Arc::new(resource))
+    }
+
+    fn save(&self, value: &(dyn Any + Send + Sync), dir: &Path) -> Result<()> {
+        downcast(value)?.save_to(dir)
+    }
+
+    fn load(&self, value: &(dyn Any + Send + Sync), dir: &Path) -> Result<()> {
+        downcast(value)?.load_from(dir)
+    }
+}
+
+fn downcast(value: &(dyn Any + Send + Sync)) -> Result<&ModelResource> {
+    value
+        .downcast_ref::<ModelResource>()
+        .ok_or_else(|| anyhow!("the `model` resource kind was given a value of another kind"))
+}
+
+flowrl_engine::register_resource_kind!(ModelKind);

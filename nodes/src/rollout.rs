@@ -1,0 +1,267 @@
+//! The `rollout` node kind: `n` sampled responses per prompt, generated in one batch with a KV
+//! cache (`flowrl_models::generate`), on the model's non-autodiff view (no gradient graph).
+//!
+//! Responses are prompt-major (prompt i's samples are rows `i·n .. i·n + n`, verl's
+//! `repeat(interleave=True)`) and share the prompt's uid (the GRPO group). The response mask is 1
+//! for every generated token, EOS included (verl keeps the EOS in the response). The batch is
+//! padded to the longest response of the step. The image token is suppressed during sampling (a
+//! response cannot carry image features).
+//!
+//! Metrics (verl's names): `response_length/mean|max|min`, `response_length/clip_ratio` (share of
+//! responses cut at `max_new_tokens`), `prompt_length/mean|max`. Timing key: `gen`.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
+    PortType, StepContext, ValidateCtx,
+};
+use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
+use flowrl_models::sampling::SamplingConfig;
+use serde::Deserialize;
+
+use crate::model_resource::ModelResource;
+use crate::validate::{model_context_length, upstream_prompt_length};
+use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
+
+/// The `rollout` kind.
+pub struct RolloutKind;
+
+/// Parameters of [`RolloutKind`] (verl's `actor_rollout_ref.rollout.*` names where they exist).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RolloutParams {
+    pub model: String,
+    pub n: usize,
+    pub max_new_tokens: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: i64,
+    pub greedy: bool,
+    #[serde(default)]
+    pub stop: Vec<String>,
+}
+
+impl RolloutParams {
+    /// The sampling part.
+    pub fn sampling(&self) -> SamplingConfig {
+        SamplingConfig {
+            greedy: self.greedy,
+            temperature: self.temperature as f32,
+            top_k: self.top_k.max(0) as usize,
+            top_p: self.top_p as f32,
+        }
+    }
+}
+
+/// Specs shared with the `eval` kind.
+pub fn generation_param_specs() -> Vec<ParamSpec> {
+    vec![
+        ParamSpec::int("max_new_tokens")
+            .required()
+            .min(1.0)
+            .doc("maximum response length in tokens (verl: response_length)"),
+        ParamSpec::float("temperature").default(1.0).gt(0.0).doc("sampling temperature"),
+        ParamSpec::float("top_p").default(1.0).gt(0.0).max(1.0).doc("nucleus mass; 1 = off"),
+        ParamSpec::int("top_k").default(-1).min(-1.0).doc("keep the k most likely tokens; -1 or 0 = off"),
+        ParamSpec::array("stop", flowrl_engine::ParamType::String)
+            .doc("extra stop tokens (each must be one token of the tokenizer), besides the model's EOS"),
+    ]
+}
+
+/// Checks the context-length arithmetic of a generating node: prompt length + max_new_tokens.
+pub fn validate_generation(ctx: &ValidateCtx) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let Some(max_new) = ctx.params().get_i64("max_new_tokens") else {
+        return out;
+    };
+    let Some((context, model_desc)) = model_context_length(ctx, "model") else {
+        return out;
+    };
+    let (prompt, prompt_desc) = upstream_prompt_length(ctx).unwrap_or((0, String::new()));
+    let total = prompt + max_new as usize;
+    if total > context {
+        let msg = if prompt > 0 {
+            format!(
+                "{prompt_desc} {prompt} + max_new_tokens {max_new} = {total} exceeds the context of {model_desc}: {context} tokens"
+            )
+        } else {
+            format!("max_new_tokens {max_new} exceeds the context of {model_desc}: {context} tokens")
+        };
+        out.push(ctx.error("max_new_tokens", msg));
+    }
+    out
+}
+
+impl NodeKind for RolloutKind {
+    fn name(&self) -> &str {
+        "rollout"
+    }
+
+    fn doc(&self) -> &str {
+        "Samples `n` responses per prompt with a KV cache (temperature, top-p, top-k, EOS and stop \
+         tokens); responses of one prompt share its group uid. No gradients are tracked."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("prompts", PortType::new(port_types::PROMPTS)).doc("tokenized prompts")]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![
+            PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS))
+                .doc("responses, masks, sampling log-probs, group uids"),
+        ]
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let mut p = vec![
+            ParamSpec::resource("model", "model").required().doc("the policy to sample from"),
+            ParamSpec::int("n").default(1).min(1.0).doc("responses per prompt (the GRPO group size)"),
+            ParamSpec::bool("greedy").default(false).doc("argmax decoding instead of sampling"),
+        ];
+        p.extend(generation_param_specs());
+        p
+    }
+
+    fn timing_key(&self) -> Option<&str> {
+        Some("gen")
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        validate_generation(ctx)
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: RolloutParams = params.parse()?;
+        p.sampling().validate()?;
+        let model = ctx.resource::<ModelResource>(&p.model)?;
+        let stop_ids = stop_token_ids(&model, &p.stop)?;
+        Ok(Box::new(RolloutNode {
+            params: p,
+            model,
+            stop_ids,
+        }))
+    }
+}
+
+/// Token ids of stop strings (each must be a single token).
+pub fn stop_token_ids(model: &ModelResource, stop: &[String]) -> Result<Vec<u32>> {
+    if stop.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tok = model.tokenizer()?;
+    stop.iter()
+        .map(|s| {
+            tok.token_to_id(s).with_context(|| {
+                format!("stop token `{s}` is not a single token of the tokenizer of model `{}`", model.name)
+            })
+        })
+        .collect()
+}
+
+struct RolloutNode {
+    params: RolloutParams,
+    model: Arc<ModelResource>,
+    stop_ids: Vec<u32>,
+}
+
+impl Node for RolloutNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        let prompts = inputs.get_arc::<PromptBatch>("prompts")?;
+        let rollouts = sample_rollouts(&self.model, &prompts, &self.params, &self.stop_ids, ctx)?;
+        record_length_metrics(&rollouts, self.params.max_new_tokens, ctx);
+        Ok(Outputs::new().with_opaque("rollouts", rollouts))
+    }
+}
+
+/// Generates `params.n` responses per prompt (see the module doc).
+pub fn sample_rollouts(
+    model: &ModelResource,
+    prompts: &Arc<PromptBatch>,
+    params: &RolloutParams,
+    stop_ids: &[u32],
+    ctx: &mut StepContext,
+) -> Result<RolloutBatch> {
+    ensure!(!prompts.is_empty(), "the prompt batch is empty");
+    let n = params.n;
+    let tokenizer = model.tokenizer()?.clone();
+    let (infer, device) = {
+        let s = model.lock();
+        (s.inference_model(), s.device)
+    };
+    let parts = ModelParts::of(&infer);
+    let mut suppress = Vec::new();
+    if let Some(v) = parts.vision {
+        suppress.push(v.image_token_id());
+    }
+    let config = GenerationConfig {
+        max_new_tokens: params.max_new_tokens,
+        sampling: params.sampling(),
+        stop_token_ids: stop_ids.to_vec(),
+        pad_token_id: prompts.pad_token_id,
+        suppress_token_ids: suppress,
+    };
+    let mut prompt_index = Vec::with_capacity(prompts.len() * n);
+    let mut inputs = Vec::with_capacity(prompts.len() * n);
+    for (i, p) in prompts.prompts.iter().enumerate() {
+        for _ in 0..n {
+            prompt_index.push(i);
+            inputs.push(PromptInput {
+                ids: &p.input_ids,
+                images: &p.images,
+            });
+        }
+    }
+    let generation = generate(&parts, &inputs, &config, ctx.rng(), &device)?;
+
+    let b = inputs.len();
+    let t = generation.tokens.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut mask = TokenMatrix::zeros(b, t);
+    let mut logps = TokenMatrix::zeros(b, t);
+    let mut texts = Vec::with_capacity(b);
+    for r in 0..b {
+        let len = generation.tokens[r].len();
+        mask.row_mut(r)[..len].fill(1.0);
+        logps.row_mut(r)[..len].copy_from_slice(&generation.log_probs[r]);
+        texts.push(
+            tokenizer
+                .decode(&generation.tokens[r], true)
+                .map_err(|e| anyhow::anyhow!("decoding response {r}: {e}"))?,
+        );
+    }
+    let rollouts = RolloutBatch {
+        prompts: prompts.clone(),
+        uid: prompt_index.iter().map(|&i| prompts.prompts[i].uid.clone()).collect(),
+        prompt_ids: prompt_index.iter().map(|&i| prompts.prompts[i].input_ids.clone()).collect(),
+        ground_truth: prompt_index.iter().map(|&i| prompts.prompts[i].ground_truth.clone()).collect(),
+        data_source: prompt_index.iter().map(|&i| prompts.prompts[i].data_source.clone()).collect(),
+        prompt_index,
+        truncated: generation.stopped.iter().map(|s| !s).collect(),
+        response_ids: generation.tokens,
+        response_mask: mask,
+        sampling_log_probs: logps,
+        response_text: texts,
+    };
+    rollouts.check()?;
+    Ok(rollouts)
+}
+
+/// verl's response/prompt length metrics.
+pub fn record_length_metrics(r: &RolloutBatch, max_new_tokens: usize, ctx: &mut StepContext) {
+    let lens = r.response_lengths();
+    if lens.is_empty() {
+        return;
+    }
+    let b = lens.len() as f64;
+    ctx.metric("response_length/mean", lens.iter().sum::<usize>() as f64 / b);
+    ctx.metric("response_length/max", *lens.iter().max().unwrap() as f64);
+    ctx.metric("response_length/min", *lens.iter().min().unwrap() as f64);
+    let clipped = lens.iter().filter(|&&l| l >= max_new_tokens).count();
+    ctx.metric("response_length/clip_ratio", clipped as f64 / b);
+    let plens: Vec<usize> = r.prompt_ids.iter().map(Vec::len).collect();
+    ctx.metric("prompt_length/mean", plens.iter().sum::<usize>() as f64 / b);
+    ctx.metric("prompt_length/max", *plens.iter().max().unwrap() as f64);
+}
+
+flowrl_engine::register_node_kind!(RolloutKind);

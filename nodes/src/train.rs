@@ -1,0 +1,142 @@
+//! What the update node kinds share: the optimizer parameters of a graph node, the learning-rate
+//! schedule they define, and one guarded optimizer step (global-norm clipping, skip on a
+//! non-finite loss or gradient norm, count).
+
+use anyhow::{Result, ensure};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use serde::Deserialize;
+
+use crate::backend::TrainBackend;
+use crate::model_resource::ModelState;
+use crate::optim::{AdamW, AdamWConfig, LrSchedule, WarmupStyle, clip_grad_norm};
+use crate::values::TokenMatrix;
+
+/// Optimizer parameters of an update node (verl's `actor.optim.*` names).
+#[derive(Debug, Clone, Deserialize)]
+pub struct OptimParams {
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub betas: Vec<f64>,
+    pub eps: f64,
+    pub grad_clip: f64,
+    pub warmup_steps: u64,
+    pub warmup_ratio: f64,
+    pub lr_schedule: WarmupStyle,
+    pub min_lr_ratio: f64,
+}
+
+/// The parameter specs of [`OptimParams`] with verl's actor defaults.
+pub fn optim_param_specs() -> Vec<flowrl_engine::ParamSpec> {
+    use flowrl_engine::{ParamSpec, ParamType};
+    vec![
+        ParamSpec::float("lr").default(1e-6).gt(0.0).doc("AdamW learning rate (verl actor: 1e-6)"),
+        ParamSpec::float("weight_decay")
+            .default(0.01)
+            .min(0.0)
+            .doc("decoupled weight decay (torch AdamW: 0.01; burn's default 1e-4 is not used)"),
+        ParamSpec::array("betas", ParamType::Float)
+            .default(serde_json::json!([0.9, 0.999]))
+            .doc("AdamW (β1, β2)"),
+        ParamSpec::float("eps").default(1e-8).gt(0.0).doc("AdamW ε (torch: 1e-8; burn's default 1e-5 is not used)"),
+        ParamSpec::float("grad_clip")
+            .default(1.0)
+            .gt(0.0)
+            .doc("max global gradient norm (torch clip_grad_norm_)"),
+        ParamSpec::int("warmup_steps").default(0).min(0.0).doc("linear warm-up steps"),
+        ParamSpec::float("warmup_ratio")
+            .default(0.0)
+            .min(0.0)
+            .max(1.0)
+            .doc("warm-up as a fraction of the run's steps (verl lr_warmup_steps_ratio); the larger of the two applies"),
+        ParamSpec::one_of("lr_schedule", &["constant", "cosine"])
+            .default("constant")
+            .doc("shape after warm-up (verl warmup_style)"),
+        ParamSpec::float("min_lr_ratio").default(0.0).min(0.0).max(1.0).doc("cosine floor"),
+    ]
+}
+
+impl OptimParams {
+    pub fn adamw(&self) -> Result<AdamWConfig> {
+        ensure!(self.betas.len() == 2, "betas must hold two values, got {:?}", self.betas);
+        Ok(AdamWConfig {
+            beta1: self.betas[0],
+            beta2: self.betas[1],
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+        })
+    }
+
+    /// The schedule over a run of `total_steps` steps.
+    pub fn schedule(&self, total_steps: u64) -> LrSchedule {
+        let from_ratio = (self.warmup_ratio * total_steps as f64) as u64;
+        LrSchedule {
+            base_lr: self.lr,
+            warmup_steps: self.warmup_steps.max(from_ratio),
+            total_steps,
+            style: self.lr_schedule,
+            min_lr_ratio: self.min_lr_ratio,
+            num_cycles: 0.5,
+        }
+    }
+}
+
+/// What one guarded optimizer step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOutcome {
+    /// Global gradient norm before clipping (NaN when the loss was not finite).
+    pub grad_norm: f64,
+    /// False when the step was skipped.
+    pub applied: bool,
+}
+
+/// Applies one AdamW step to `state.model` with `grads` (accumulated over a mini-batch), after
+/// global-norm clipping; skips it (and counts it) when `loss_finite` is false or the gradient norm
+/// is not finite, as verl does (`if not torch.isfinite(grad_norm): skip`).
+pub fn guarded_step(
+    state: &mut ModelState,
+    config: AdamWConfig,
+    grads: Option<GradientsParams>,
+    lr: f64,
+    grad_clip: f64,
+) -> StepOutcome {
+    let Some(mut grads) = grads else {
+        state.counters.skipped_steps += 1;
+        return StepOutcome {
+            grad_norm: f64::NAN,
+            applied: false,
+        };
+    };
+    let norm = clip_grad_norm::<TrainBackend, _>(&state.model, &mut grads, grad_clip);
+    if !norm.is_finite() {
+        state.counters.skipped_steps += 1;
+        return StepOutcome {
+            grad_norm: norm,
+            applied: false,
+        };
+    }
+    let opt = state.optimizer.get_or_insert_with(|| AdamW::new(config));
+    opt.config = config;
+    let model = state.model.clone();
+    state.model = opt.step(lr, model, grads);
+    state.counters.optimizer_steps += 1;
+    StepOutcome {
+        grad_norm: norm,
+        applied: true,
+    }
+}
+
+/// `[rows.len(), cols]` tensor of the given rows of a host matrix.
+pub fn rows_tensor<B: Backend>(m: &TokenMatrix, rows: &[usize], device: &B::Device) -> Tensor<B, 2> {
+    let mut v = Vec::with_capacity(rows.len() * m.cols);
+    for &r in rows {
+        v.extend_from_slice(m.row(r));
+    }
+    Tensor::<B, 1>::from_data(TensorData::new(v, [rows.len() * m.cols]), device)
+        .reshape([rows.len(), m.cols])
+}
+
+/// A scalar tensor's value on the host.
+pub fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+    t.into_scalar().elem::<f64>()
+}

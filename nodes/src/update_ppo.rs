@@ -1,0 +1,425 @@
+//! The `update.ppo` node kind: verl's actor update (`dp_actor.update_policy`).
+//!
+//! For each of `ppo_epochs` epochs, the batch is split in order into mini-batches of
+//! `mini_batch_size` prompts (× the rollout's `n` responses); each mini-batch is one optimizer
+//! step, its gradient accumulated over micro-batches of `micro_batch_size` responses. The loss of
+//! a micro-batch is
+//!
+//! ```text
+//! L = pg_loss − entropy_coeff · agg(entropy) + kl.coef · agg(kl(logπ, logπ_ref))
+//! ```
+//!
+//! (`flowrl_algorithms::policy_loss_vanilla`, `kl_penalty`, `agg_loss`), with `agg` normalised
+//! over the **whole mini-batch** (`GlobalBatchInfo`: its valid-token count for `token-mean`, its
+//! response count for the `seq-mean-*` modes), so the summed micro-batch gradients equal the
+//! gradient of the mini-batch loss whatever the micro-batch size. After the last micro-batch:
+//! global-norm clipping (`grad_clip`), then AdamW at the scheduled learning rate — or, when the
+//! loss or the gradient norm is not finite, the step is skipped and counted
+//! (`actor/skipped_steps`).
+//!
+//! `old_log_probs` is optional: when it is not wired, the update is on-policy and the old
+//! log-probs are the current ones, detached (valid only with one epoch over one mini-batch;
+//! checked). `ref_log_probs` is required by the KL loss.
+//!
+//! Metrics: `actor/pg_loss` and `actor/kl_loss` (mini-batch losses, mean over mini-batches),
+//! `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`, `actor/ppo_kl`, `actor/entropy` (means over
+//! micro-batches), `actor/grad_norm` (mean over applied steps), `actor/lr`, `actor/kl_coef`,
+//! `actor/skipped_steps`. Autodiff graphs live only inside one micro-batch. Timing key
+//! `update_actor`.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail, ensure};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use flowrl_algorithms::{
+    ClipConfig, GlobalBatchInfo, KlEstimator, LossAggMode, agg_loss, kl_penalty, masked_mean,
+    policy_loss_vanilla,
+};
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
+    PortType, StepContext, ValidateCtx,
+};
+use serde::Deserialize;
+
+use crate::backend::TrainBackend;
+use crate::model_resource::{ModelResource, ModelState};
+use crate::optim::LrSchedule;
+use crate::sequences::SequenceBatch;
+use crate::train::{OptimParams, guarded_step, optim_param_specs, rows_tensor, scalar};
+use crate::validate::{upstream_batch_size, upstream_rollout_n};
+use crate::values::{AdvantageBatch, RolloutBatch, TokenLogProbs, port_types};
+
+/// The `update.ppo` kind.
+pub struct PpoUpdateKind;
+
+#[derive(Debug, Clone, Deserialize)]
+struct KlParams {
+    estimator: String,
+    coef: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct PpoParams {
+    model: String,
+    #[serde(flatten)]
+    optim: OptimParams,
+    mini_batch_size: Option<usize>,
+    micro_batch_size: Option<usize>,
+    ppo_epochs: usize,
+    clip_ratio: f64,
+    clip_ratio_low: Option<f64>,
+    clip_ratio_high: Option<f64>,
+    clip_ratio_c: f64,
+    loss_agg_mode: String,
+    kl: Option<KlParams>,
+    entropy_coeff: f64,
+    temperature: f64,
+    chunk: usize,
+}
+
+impl NodeKind for PpoUpdateKind {
+    fn name(&self) -> &str {
+        "update.ppo"
+    }
+
+    fn doc(&self) -> &str {
+        "PPO/GRPO policy update (verl's actor): clipped policy loss + optional KL loss + optional \
+         entropy bonus; mini-batches × epochs × micro-batches with gradient accumulation normalised \
+         over the mini-batch; global-norm clipping; AdamW with warm-up; non-finite steps skipped."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![
+            PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS)),
+            PortSpec::new("advantages", PortType::new(port_types::ADVANTAGES)),
+            PortSpec::new("old_log_probs", PortType::new(port_types::TOKEN_LOG_PROBS))
+                .optional()
+                .doc("log-probs before the update; unwired = on-policy (current, detached)"),
+            PortSpec::new("ref_log_probs", PortType::new(port_types::TOKEN_LOG_PROBS))
+                .optional()
+                .doc("reference log-probs, required by `kl`"),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let mut p = vec![
+            ParamSpec::resource("model", "model").required().doc("the policy to train"),
+            ParamSpec::int("mini_batch_size")
+                .min(1.0)
+                .doc("prompts per optimizer step (verl ppo_mini_batch_size); default: the whole batch"),
+            ParamSpec::int("micro_batch_size")
+                .min(1.0)
+                .doc("responses per forward/backward (verl ppo_micro_batch_size_per_gpu); default: the mini-batch"),
+            ParamSpec::int("ppo_epochs").default(1).min(1.0).doc("passes over the batch"),
+            ParamSpec::float("clip_ratio").default(0.2).min(0.0).doc("PPO ε"),
+            ParamSpec::float("clip_ratio_low").min(0.0).doc("lower ε (default clip_ratio)"),
+            ParamSpec::float("clip_ratio_high").min(0.0).doc("upper ε (default clip_ratio; > low is clip-higher)"),
+            ParamSpec::float("clip_ratio_c").default(3.0).gt(1.0).doc("dual-clip constant"),
+            ParamSpec::one_of(
+                "loss_agg_mode",
+                &LossAggMode::ALL.map(|(_, n)| n),
+            )
+            .default("token-mean")
+            .doc("loss aggregation (verl loss_agg_mode)"),
+            ParamSpec::table(
+                "kl",
+                vec![
+                    ParamSpec::one_of(
+                        "estimator",
+                        &["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"],
+                    )
+                    .default("low_var_kl")
+                    .doc("KL estimator (verl kl_loss_type)"),
+                    ParamSpec::float("coef").default(0.001).min(0.0).doc("KL loss coefficient (verl kl_loss_coef)"),
+                ],
+            )
+            .doc("KL loss against `ref_log_probs` (verl use_kl_loss)"),
+            ParamSpec::float("entropy_coeff").default(0.0).doc("entropy bonus coefficient"),
+            ParamSpec::float("temperature").default(1.0).gt(0.0).doc("logits are divided by it (use the rollout's)"),
+            ParamSpec::int("chunk").default(64).min(1.0).doc("response positions per LM-head block"),
+        ];
+        p.extend(optim_param_specs());
+        p
+    }
+
+    fn timing_key(&self) -> Option<&str> {
+        Some("update_actor")
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let p = ctx.params();
+        let mut out = Vec::new();
+        if p.get("kl").is_some() && ctx.input("ref_log_probs").is_none() {
+            out.push(ctx.error(
+                "kl",
+                "the KL loss needs the reference log-probs: wire `ref_log_probs` (a `logprob` node on the reference model)",
+            ));
+        }
+        let epochs = p.get_i64("ppo_epochs").unwrap_or(1) as usize;
+        let batch = upstream_batch_size(ctx);
+        let n = upstream_rollout_n(ctx).unwrap_or(1);
+        let mini = p.get_i64("mini_batch_size").map(|m| m as usize);
+        if let (Some((b, data)), Some(m)) = (&batch, mini)
+            && b % m != 0
+        {
+            out.push(ctx.error(
+                "mini_batch_size",
+                format!("`{data}.batch_size` {b} is not divisible by mini_batch_size {m} (prompts per optimizer step)"),
+            ));
+        }
+        if let Some(micro) = p.get_i64("micro_batch_size").map(|m| m as usize) {
+            let rows = mini.or(batch.as_ref().map(|(b, _)| *b)).map(|m| m * n);
+            if let Some(rows) = rows
+                && rows % micro != 0
+            {
+                out.push(ctx.error(
+                    "micro_batch_size",
+                    format!(
+                        "a mini-batch of {} prompts × n {n} = {rows} responses is not divisible by micro_batch_size {micro}",
+                        rows / n
+                    ),
+                ));
+            }
+        }
+        if ctx.input("old_log_probs").is_none() {
+            let several_minis = matches!((&batch, mini), (Some((b, _)), Some(m)) if m < *b)
+                || (batch.is_none() && mini.is_some());
+            if epochs > 1 || several_minis {
+                out.push(ctx.error(
+                    "ppo_epochs",
+                    "without `old_log_probs` the update is on-policy, which needs ppo_epochs = 1 and one mini-batch per step; wire `old_log_probs` from a `logprob` node",
+                ));
+            }
+        }
+        out
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: PpoParams = params.parse()?;
+        let model = ctx.resource::<ModelResource>(&p.model)?;
+        ensure!(
+            model.trainable,
+            "model `{}` is a frozen copy and cannot be trained by `{}`",
+            p.model,
+            ctx.node
+        );
+        let clip = ClipConfig {
+            clip_ratio: p.clip_ratio,
+            clip_ratio_low: p.clip_ratio_low,
+            clip_ratio_high: p.clip_ratio_high,
+            clip_ratio_c: p.clip_ratio_c,
+        };
+        clip.validate()?;
+        let mode: LossAggMode = p.loss_agg_mode.parse()?;
+        let kl = match &p.kl {
+            Some(k) => Some((k.estimator.parse::<KlEstimator>()?, k.coef)),
+            None => None,
+        };
+        let schedule = p.optim.schedule(ctx.total_steps);
+        p.optim.adamw()?;
+        Ok(Box::new(PpoUpdateNode {
+            p,
+            model,
+            clip,
+            mode,
+            kl,
+            schedule,
+        }))
+    }
+}
+
+struct PpoUpdateNode {
+    p: PpoParams,
+    model: Arc<ModelResource>,
+    clip: ClipConfig,
+    mode: LossAggMode,
+    kl: Option<(KlEstimator, f64)>,
+    schedule: LrSchedule,
+}
+
+/// Running sums of the metrics of one step.
+#[derive(Default)]
+struct Sums {
+    pg_loss: Vec<f64>,
+    kl_loss: Vec<f64>,
+    clipfrac: Vec<f64>,
+    clipfrac_lower: Vec<f64>,
+    ppo_kl: Vec<f64>,
+    entropy: Vec<f64>,
+    grad_norm: Vec<f64>,
+    skipped: u64,
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+impl Node for PpoUpdateNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        let rollouts = inputs.get_arc::<RolloutBatch>("rollouts")?;
+        let adv = inputs.get_arc::<AdvantageBatch>("advantages")?;
+        let old = inputs.get_opt::<TokenLogProbs>("old_log_probs")?;
+        let reference = inputs.get_opt::<TokenLogProbs>("ref_log_probs")?;
+        let shape = rollouts.response_mask.shape();
+        ensure!(
+            adv.advantages.shape() == shape,
+            "advantages {:?} do not match the rollouts {:?}",
+            adv.advantages.shape(),
+            shape
+        );
+        for (name, lp) in [("old_log_probs", old), ("ref_log_probs", reference)] {
+            if let Some(lp) = lp {
+                ensure!(
+                    lp.log_probs.shape() == shape,
+                    "{name} {:?} do not match the rollouts {:?}",
+                    lp.log_probs.shape(),
+                    shape
+                );
+            }
+        }
+        if self.kl.is_some() && reference.is_none() {
+            bail!("the KL loss needs `ref_log_probs`");
+        }
+
+        let b = rollouts.len();
+        let n = (b / rollouts.prompts.len().max(1)).max(1);
+        let mini_rows = self.p.mini_batch_size.map(|m| m * n).unwrap_or(b).min(b);
+        let micro_rows = self.p.micro_batch_size.unwrap_or(mini_rows).min(mini_rows);
+        if old.is_none() && (self.p.ppo_epochs > 1 || mini_rows < b) {
+            bail!("without `old_log_probs` the update must be one epoch over one mini-batch");
+        }
+        let lr = self.schedule.lr(ctx.step());
+        let adamw = self.p.optim.adamw()?;
+        let mut sums = Sums::default();
+        let mut state = self.model.lock();
+        let rows: Vec<usize> = (0..b).collect();
+        for _epoch in 0..self.p.ppo_epochs {
+            for mini in rows.chunks(mini_rows) {
+                let grads = self
+                    .mini_batch_grads(&state, &rollouts, &adv, old, reference, mini, micro_rows, &mut sums)
+                    .with_context(|| format!("update `{}`", ctx.node_name()))?;
+                let outcome = guarded_step(&mut state, adamw, grads, lr, self.p.optim.grad_clip);
+                if outcome.applied {
+                    sums.grad_norm.push(outcome.grad_norm);
+                } else {
+                    sums.skipped += 1;
+                }
+            }
+        }
+        drop(state);
+        if sums.skipped > 0 {
+            ctx.warn(format!(
+                "{} optimizer step(s) skipped: non-finite loss or gradient norm",
+                sums.skipped
+            ));
+        }
+        for (name, v) in [
+            ("actor/pg_loss", &sums.pg_loss),
+            ("actor/pg_clipfrac", &sums.clipfrac),
+            ("actor/pg_clipfrac_lower", &sums.clipfrac_lower),
+            ("actor/ppo_kl", &sums.ppo_kl),
+            ("actor/entropy", &sums.entropy),
+            ("actor/grad_norm", &sums.grad_norm),
+        ] {
+            if let Some(m) = mean(v) {
+                ctx.metric(name, m);
+            }
+        }
+        if let Some((_, coef)) = self.kl {
+            if let Some(m) = mean(&sums.kl_loss) {
+                ctx.metric("actor/kl_loss", m);
+            }
+            ctx.metric("actor/kl_coef", coef);
+        }
+        ctx.metric("actor/lr", lr);
+        ctx.metric("actor/skipped_steps", sums.skipped as f64);
+        Ok(Outputs::new())
+    }
+}
+
+impl PpoUpdateNode {
+    /// Accumulated gradients of one mini-batch; `None` when a micro-batch loss is not finite.
+    #[allow(clippy::too_many_arguments)]
+    fn mini_batch_grads(
+        &self,
+        state: &ModelState,
+        rollouts: &RolloutBatch,
+        adv: &AdvantageBatch,
+        old: Option<&TokenLogProbs>,
+        reference: Option<&TokenLogProbs>,
+        mini: &[usize],
+        micro_rows: usize,
+        sums: &mut Sums,
+    ) -> Result<Option<GradientsParams>> {
+        type B = TrainBackend;
+        let device = state.device;
+        let mb_tokens: f64 = mini
+            .iter()
+            .map(|&r| rollouts.response_mask.row(r).iter().sum::<f32>() as f64)
+            .sum();
+        let info = GlobalBatchInfo {
+            dp_size: 1,
+            batch_num_tokens: Some(mb_tokens.max(1.0)),
+            global_batch_size: Some(mini.len() as f64),
+            loss_scale_factor: None,
+        };
+        let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
+        let mut pg_total = 0.0;
+        let mut kl_total = 0.0;
+        for micro in mini.chunks(micro_rows) {
+            let seq = SequenceBatch::new(rollouts, micro)?;
+            let out = seq.log_probs(&state.model, self.p.temperature, self.p.chunk, &device)?;
+            let mask = seq.mask_tensor::<B>(&device);
+            let advantages = rows_tensor::<B>(&adv.advantages, micro, &device);
+            let old_lp = match old {
+                Some(o) => rows_tensor::<B>(&o.log_probs, micro, &device),
+                None => out.log_probs.clone().detach(),
+            };
+            let pl = policy_loss_vanilla(
+                old_lp,
+                out.log_probs.clone(),
+                advantages,
+                mask.clone(),
+                None,
+                &self.clip,
+                self.mode,
+                &info,
+            )?;
+            let mut loss = pl.pg_loss.clone();
+            let entropy_value = scalar(masked_mean(out.entropy.clone().detach(), mask.clone()));
+            if self.p.entropy_coeff != 0.0 {
+                let ent = agg_loss(out.entropy.clone(), mask.clone(), self.mode, &info)?;
+                loss = loss - ent.mul_scalar(self.p.entropy_coeff);
+            }
+            if let (Some((est, coef)), Some(r)) = (self.kl, reference) {
+                let ref_lp = rows_tensor::<B>(&r.log_probs, micro, &device);
+                let kl = kl_penalty(out.log_probs.clone(), ref_lp, est)?;
+                let kl_loss = agg_loss(kl, mask.clone(), self.mode, &info)?;
+                kl_total += scalar(kl_loss.clone().detach());
+                loss = loss + kl_loss.mul_scalar(coef);
+            }
+            let loss_value = scalar(loss.clone().detach());
+            pg_total += scalar(pl.pg_loss.detach());
+            sums.clipfrac.push(scalar(pl.pg_clipfrac));
+            sums.clipfrac_lower.push(scalar(pl.pg_clipfrac_lower));
+            sums.ppo_kl.push(scalar(pl.ppo_kl));
+            sums.entropy.push(entropy_value);
+            if !loss_value.is_finite() {
+                return Ok(None);
+            }
+            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &state.model);
+            acc.accumulate::<B>(&state.model, grads);
+        }
+        sums.pg_loss.push(pg_total);
+        if self.kl.is_some() {
+            sums.kl_loss.push(kl_total);
+        }
+        Ok(Some(acc.grads()))
+    }
+}
+
+flowrl_engine::register_node_kind!(PpoUpdateKind);
