@@ -1,1 +1,46 @@
-fn main() {}
+//! `flowrl`: the command-line front end. It parses arguments and delegates: the engine's commands
+//! (`run`, `validate`, `graph`, `nodes`, `plot`) run with every built-in node kind registered;
+//! `flowrl data` belongs to the datasets crate.
+
+// Linking the nodes crate registers its node and resource kinds (inventory).
+extern crate flowrl_nodes;
+
+use clap::{Parser, Subcommand};
+use flowrl_engine::Registry;
+use flowrl_engine::cli::{Command, execute};
+use std::process::ExitCode;
+
+/// flowrl: reinforcement-learning post-training of vision-language models, described as graphs of
+/// typed nodes in TOML.
+///
+/// Start with `flowrl run graphs/grpo_vlm.toml`; check a graph without running it with
+/// `flowrl validate FILE`; see what node kinds exist with `flowrl nodes`.
+#[derive(Debug, Parser)]
+#[command(name = "flowrl", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Top,
+}
+
+#[derive(Debug, Subcommand)]
+enum Top {
+    #[command(flatten)]
+    Engine(Command),
+    /// Look at prompt files and regenerate the embedded task (`flowrl data --help`).
+    #[command(subcommand)]
+    Data(flowrl_datasets::cli::DataCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match &cli.command {
+        Top::Engine(cmd) => execute(cmd, &Registry::builtin()),
+        Top::Data(cmd) => match flowrl_datasets::cli::run(cmd) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,0 +1,180 @@
+//! An example flowrl plugin: two node kinds defined outside the engine.
+//!
+//! - `walk.gaussian` emits a Gaussian random walk, x_t = x_{t-1} + σ·ε_t with ε_t ~ N(0, 1) drawn
+//!   from the step's deterministic RNG; its position is saved in checkpoints.
+//! - `walk.ema` smooths what it receives with an exponential moving average,
+//!   m_t = α·x_t + (1 − α)·m_{t−1} (m_1 = x_1), reports `walk/x` and `walk/ema` and checks in its
+//!   `validate` hook that α lies in (0, 1] given the upstream σ (a toy constraint with numbers).
+//!
+//! `src/main.rs` builds a `flowrl`-style binary with these kinds; `graph.toml` uses them.
+
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
+    PortType, Registry, StepContext, ValidateCtx,
+};
+use rand::Rng;
+use serde::Deserialize;
+
+/// A scalar per step.
+pub const SCALAR: PortType = PortType::new("Scalar");
+
+pub struct GaussianWalk;
+
+#[derive(Deserialize)]
+struct WalkParams {
+    sigma: f64,
+    start: f64,
+}
+
+impl NodeKind for GaussianWalk {
+    fn name(&self) -> &str {
+        "walk.gaussian"
+    }
+    fn doc(&self) -> &str {
+        "A Gaussian random walk: x_t = x_{t-1} + sigma * N(0, 1)."
+    }
+    fn inputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("x", SCALAR).doc("the walk's position after this step")]
+    }
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![
+            ParamSpec::float("sigma")
+                .default(1.0)
+                .gt(0.0)
+                .doc("step standard deviation"),
+            ParamSpec::float("start").default(0.0).doc("initial position"),
+        ]
+    }
+    fn timing_key(&self) -> Option<&str> {
+        Some("walk")
+    }
+    fn build(&self, params: &Params, _ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        let p: WalkParams = params.parse()?;
+        Ok(Box::new(WalkNode {
+            sigma: p.sigma,
+            x: p.start,
+        }))
+    }
+}
+
+struct WalkNode {
+    sigma: f64,
+    x: f64,
+}
+
+/// A standard normal draw (Box–Muller).
+fn normal(rng: &mut impl Rng) -> f64 {
+    let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+    let u2: f64 = rng.random();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+impl Node for WalkNode {
+    fn run(&mut self, _inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
+        self.x += self.sigma * normal(ctx.rng());
+        Ok(Outputs::new().with("x", self.x))
+    }
+    fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        Ok(Some(serde_json::json!({ "x": self.x })))
+    }
+    fn load_state(&mut self, state: serde_json::Value) -> anyhow::Result<()> {
+        self.x = state["x"]
+            .as_f64()
+            .ok_or_else(|| anyhow::anyhow!("walk state has no `x`"))?;
+        Ok(())
+    }
+}
+
+pub struct Ema;
+
+#[derive(Deserialize)]
+struct EmaParams {
+    alpha: f64,
+}
+
+impl NodeKind for Ema {
+    fn name(&self) -> &str {
+        "walk.ema"
+    }
+    fn doc(&self) -> &str {
+        "Exponential moving average m_t = alpha * x_t + (1 - alpha) * m_{t-1}; reports walk/x, walk/ema."
+    }
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("x", SCALAR)]
+    }
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("mean", SCALAR)]
+    }
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![
+            ParamSpec::float("alpha")
+                .default(0.1)
+                .gt(0.0)
+                .max(1.0)
+                .doc("weight of the newest value"),
+        ]
+    }
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        // A constraint that involves a neighbour: with a very noisy walk, a tiny alpha makes the
+        // average lag for ~1/alpha steps; refuse alpha < sigma / 1000.
+        let alpha = ctx.params().get_f64("alpha").unwrap_or(0.1);
+        let sigma = ctx
+            .input("x")
+            .and_then(|n| n.params().get_f64("sigma"))
+            .unwrap_or(1.0);
+        if alpha < sigma / 1000.0 {
+            return vec![
+                ctx.error(
+                    "alpha",
+                    format!(
+                        "alpha = {alpha} is below sigma / 1000 = {} of the walk feeding `x`",
+                        sigma / 1000.0
+                    ),
+                )
+                .with_help("raise alpha or lower the walk's sigma"),
+            ];
+        }
+        Vec::new()
+    }
+    fn build(&self, params: &Params, _ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        let p: EmaParams = params.parse()?;
+        Ok(Box::new(EmaNode {
+            alpha: p.alpha,
+            mean: None,
+        }))
+    }
+}
+
+struct EmaNode {
+    alpha: f64,
+    mean: Option<f64>,
+}
+
+impl Node for EmaNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
+        let x: f64 = *inputs.get::<f64>("x")?;
+        let m = match self.mean {
+            None => x,
+            Some(m) => self.alpha * x + (1.0 - self.alpha) * m,
+        };
+        self.mean = Some(m);
+        ctx.metric("walk/x", x);
+        ctx.metric("walk/ema", m);
+        Ok(Outputs::new().with("mean", m))
+    }
+    fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        Ok(Some(serde_json::json!({ "mean": self.mean })))
+    }
+    fn load_state(&mut self, state: serde_json::Value) -> anyhow::Result<()> {
+        self.mean = state["mean"].as_f64();
+        Ok(())
+    }
+}
+
+/// The engine's built-in registry plus this crate's kinds, added explicitly.
+pub fn registry() -> Registry {
+    Registry::builtin().with_kind(GaussianWalk).with_kind(Ema)
+}
