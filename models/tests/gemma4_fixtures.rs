@@ -15,13 +15,12 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
-use flowrl_models::capabilities::{
-    CausalLm, PaddedBatch, ProcessedImage, Vision, plain_positions, scatter_image_embeddings,
-};
-use flowrl_models::gemma4::Gemma4Model;
-use flowrl_models::gemma4::weights::NamedTensor;
+use flowrl_models::Model;
+use flowrl_models::capabilities::{CausalLm, PaddedBatch, ProcessedImage, plain_positions};
+use flowrl_models::gemma4::Gemma4;
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
+use flowrl_models::weights::{GradCollector, WeightSink, WeightVisitor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -246,18 +245,39 @@ impl Case {
         self.batch.attention_mask.iter().map(|&m| m != 0).collect()
     }
 
-    /// Merged decoder input: scaled text embeddings with image rows replaced.
-    fn embeds<B: Backend>(&self, model: &Gemma4Model<B>, dev: &B::Device) -> Tensor<B, 3> {
-        let text = model.embed_tokens(self.batch.ids_tensor::<B>(dev));
-        if self.images.is_empty() {
-            return text;
-        }
-        let img = model.embed_images(&self.images, dev).unwrap();
-        scatter_image_embeddings(text, &self.batch.ids, model.image_token_id(), img).unwrap()
+    /// Merged decoder input through the capabilities: scaled text embeddings with the image
+    /// rows replaced.
+    fn embeds<B: Backend>(&self, model: &Model<B>, dev: &B::Device) -> Tensor<B, 3> {
+        model
+            .input_embeddings(&self.batch, &self.images, dev)
+            .unwrap()
     }
 
-    fn positions<B: Backend>(&self, dev: &B::Device) -> Tensor<B, 3, Int> {
-        plain_positions(&self.batch).tensor::<B>(dev)
+    /// Positions through the capabilities (Gemma 4 has no multimodal-position capability, so
+    /// these are the plain 1-D ones).
+    fn positions<B: Backend>(&self, model: &Model<B>, dev: &B::Device) -> Tensor<B, 3, Int> {
+        model
+            .position_ids(&self.batch, &self.images)
+            .unwrap()
+            .tensor::<B>(dev)
+    }
+}
+
+/// Loads a case's checkpoint through the family registry.
+fn load<B: Backend>(dir: &Path, dev: &B::Device) -> Model<B> {
+    let model = Model::<B>::load(dir, dev).unwrap();
+    assert_eq!(model.model_type(), "gemma4");
+    assert!(
+        model.multimodal_positions().is_none(),
+        "Gemma 4 has no multimodal-position capability"
+    );
+    model
+}
+
+fn gemma<B: Backend>(model: &Model<B>) -> &Gemma4<B> {
+    match model {
+        Model::Gemma4(g) => g,
+        _ => panic!("not a Gemma 4 model"),
     }
 }
 
@@ -266,13 +286,14 @@ fn gemma4_forward_matches_transformers() {
     for dir in cases() {
         let case = Case::load(&dir);
         let dev = Default::default();
-        let model = Gemma4Model::<Cpu>::load(&case.dir, &dev).unwrap();
+        let model = load::<Cpu>(&case.dir, &dev);
+        let g = gemma(&model);
         let mut c = case.checker();
         let (b, l) = (case.batch.batch, case.batch.len);
         let real = case.real_tokens();
 
         // Positions: 1-D from the mask (no multimodal-position capability), exact.
-        let pos = plain_positions(&case.batch);
+        let pos = model.position_ids(&case.batch, &case.images).unwrap();
         assert_eq!(pos.streams, 1);
         assert_eq!(
             pos.ids, case.expected["position_ids"].i,
@@ -282,7 +303,7 @@ fn gemma4_forward_matches_transformers() {
 
         // Vision stages.
         if !case.images.is_empty() {
-            let (img, trace) = model.embed_images_traced(&case.images, &dev).unwrap();
+            let (img, trace) = g.embed_images_traced(&case.images, &dev).unwrap();
             let patch_real: Vec<bool> = case.inputs["image_position_ids"]
                 .i
                 .chunks(2)
@@ -324,10 +345,10 @@ fn gemma4_forward_matches_transformers() {
             &case.expected["inputs_embeds"],
             Some(&expand_mask(&real, h)),
         );
-        let (hidden, trace) = model.forward_traced(
+        let (hidden, trace) = g.forward_traced(
             case.batch.ids_tensor(&dev),
             embeds,
-            case.positions::<Cpu>(&dev).reshape([b, l]),
+            case.positions::<Cpu>(&model, &dev),
             case.batch.mask_tensor(&dev),
         );
         let [_, _, n, p] = trace.per_layer_inputs.dims();
@@ -358,7 +379,7 @@ fn gemma4_forward_matches_transformers() {
             &case.expected["final_hidden"],
             Some(&expand_mask(&real, h)),
         );
-        let logits = model.lm_head(hidden);
+        let logits = g.lm_head(hidden);
         let v = logits.dims()[2];
         c.close(
             "logits",
@@ -402,24 +423,25 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
     for dir in cases() {
         let case = Case::load(&dir);
         let dev = Default::default();
-        let model = Gemma4Model::<Cpu>::load(&case.dir, &dev).unwrap();
+        let model = load::<Cpu>(&case.dir, &dev);
+        let lm = model.causal_lm();
         let mut c = case.checker();
         let (b, l) = (case.batch.batch, case.batch.len);
         let exp_tokens = &case.expected["generated_tokens"];
         let exp_logits = &case.expected["generated_step_logits"];
         let steps = exp_tokens.shape[1];
-        let v = model.vocab_size();
+        let v = lm.vocab_size();
 
         // By hand: prefill, then one token per step; the prompt is never recomputed.
-        let mut cache = model.new_cache();
-        let hidden = model.forward_hidden(
+        let mut cache = lm.new_cache();
+        let hidden = lm.forward_hidden(
             case.batch.ids_tensor(&dev),
             case.embeds(&model, &dev),
-            case.positions::<Cpu>(&dev),
+            case.positions::<Cpu>(&model, &dev),
             case.batch.mask_tensor(&dev),
             Some(&mut cache),
         );
-        let mut step_logits = model.lm_head(hidden.narrow(1, l - 1, 1));
+        let mut step_logits = lm.lm_head(hidden.narrow(1, l - 1, 1));
         let mut all_logits = vec![vec![]; b];
         let mut tokens = vec![vec![]; b];
         let mut mask = case.batch.attention_mask.clone();
@@ -471,15 +493,10 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
                 Tensor::<Cpu, 1, Int>::from_data(TensorData::new(last_pos.clone(), [b]), &dev)
                     .reshape([1, b, 1]);
             let m = flowrl_models::capabilities::mask_tensor::<Cpu>(&mask, b, keys, &dev);
-            let hidden = model.forward_hidden(
-                ids.clone(),
-                model.embed_tokens(ids),
-                pos,
-                m,
-                Some(&mut cache),
-            );
+            let hidden =
+                lm.forward_hidden(ids.clone(), lm.embed_tokens(ids), pos, m, Some(&mut cache));
             assert_eq!(cache.len(), keys, "{}: cache length", case.name);
-            step_logits = model.lm_head(hidden);
+            step_logits = lm.lm_head(hidden);
         }
         let flat_tokens: Vec<i64> = tokens.concat();
         assert_eq!(
@@ -513,10 +530,11 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
                 images: &per_row_images[r],
             })
             .collect();
+        let no_eos = NoEos(lm);
         let parts = ModelParts {
-            lm: &model,
-            vision: Some(&model),
-            positions: None,
+            lm: &no_eos,
+            vision: model.vision(),
+            positions: model.multimodal_positions(),
         };
         let config = GenerationConfig {
             max_new_tokens: steps,
@@ -525,11 +543,8 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
             pad_token_id: 0,
             suppress_token_ids: vec![],
         };
-        let mut model_no_eos = parts;
-        let no_eos = NoEos(&model);
-        model_no_eos.lm = &no_eos;
         let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-        let generation = generate(&model_no_eos, &inputs, &config, &mut rng, &dev).unwrap();
+        let generation = generate(&parts, &inputs, &config, &mut rng, &dev).unwrap();
         let gen_tokens: Vec<i64> = generation
             .tokens
             .concat()
@@ -548,7 +563,7 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
 use rand::SeedableRng;
 
 /// The model with EOS stopping disabled (the reference generated with `eos_token_id=None`).
-struct NoEos<'a>(&'a Gemma4Model<Cpu>);
+struct NoEos<'a>(&'a dyn CausalLm<Cpu>);
 
 impl CausalLm<Cpu> for NoEos<'_> {
     fn embed_tokens(&self, ids: Tensor<Cpu, 2, Int>) -> Tensor<Cpu, 3> {
@@ -590,37 +605,36 @@ fn gemma4_gradients_match_transformers() {
     for dir in cases() {
         let case = Case::load(&dir);
         let dev = Default::default();
-        let model = Gemma4Model::<Ad>::load(&case.dir, &dev).unwrap();
+        let model = load::<Ad>(&case.dir, &dev);
+        let lm = model.causal_lm();
         let mut c = case.checker();
         let (b, l) = (case.batch.batch, case.batch.len);
         let embeds = case.embeds(&model, &dev);
-        let hidden = model.forward_hidden(
+        let hidden = lm.forward_hidden(
             case.batch.ids_tensor(&dev),
             embeds,
-            case.positions::<Ad>(&dev),
+            case.positions::<Ad>(&model, &dev),
             case.batch.mask_tensor(&dev),
             None,
         );
-        let lp = token_logprobs(model.lm_head(hidden), &case.batch);
+        let lp = token_logprobs(lm.lm_head(hidden), &case.batch);
         let rm = &case.inputs["response_mask"];
         let rmask = Tensor::<Ad, 1>::from_data(TensorData::new(rm.f.clone(), [b * (l - 1)]), &dev)
             .reshape([b, l - 1]);
         let loss = (lp * rmask.clone()).sum().neg() / rmask.sum();
         c.close("loss", &host(loss.clone()), &case.expected["loss"], None);
         let grads = loss.backward();
-        let named = model.named_tensors();
+        let mut collected = GradCollector::<Ad>::new(&grads);
+        model.export(&mut collected);
         let params = case.json["grad_params"].as_object().unwrap();
         assert!(!params.is_empty());
         for name in params.keys() {
-            let g = match named.get(name) {
-                Some(NamedTensor::R1(t)) => host(t.grad(&grads).expect("gradient")),
-                Some(NamedTensor::R2(t)) => host(t.grad(&grads).expect("gradient")),
-                Some(NamedTensor::R3(t)) => host(t.grad(&grads).expect("gradient")),
-                _ => panic!("{}: no parameter `{name}`", case.name),
+            let Some((_, g)) = collected.tensors.get(name) else {
+                panic!("{}: no gradient for `{name}`", case.name)
             };
             c.close(
                 &format!("grad.{name}"),
-                &g,
+                g,
                 &case.expected[&format!("grad.{name}")],
                 None,
             );
@@ -629,40 +643,59 @@ fn gemma4_gradients_match_transformers() {
     }
 }
 
+/// All tensors of a model by name: (shape, values).
+fn weights_of<B: Backend>(model: &Model<B>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let mut sink = WeightSink::default();
+    model.export(&mut sink);
+    sink.shapes()
+        .map(|(name, shape)| {
+            let (_, v) = sink.get(name).unwrap();
+            (name.to_string(), shape.to_vec(), v.to_vec())
+        })
+        .collect()
+}
+
 #[test]
 fn gemma4_save_then_load_round_trips() {
     let Some(dir) = cases().into_iter().next() else {
         return;
     };
     let dev = Default::default();
-    let model = Gemma4Model::<Cpu>::load(&dir, &dev).unwrap();
-    let out = std::env::temp_dir().join(format!("flowrl-gemma4-save-{}", std::process::id()));
-    model.save(&out).unwrap();
-    let again = Gemma4Model::<Cpu>::load(&out, &dev).unwrap();
-    let (a, b) = (
-        model.named_tensors().to_host().unwrap(),
-        again.named_tensors().to_host().unwrap(),
-    );
-    assert_eq!(a.len(), b.len());
-    for (name, t) in &a {
-        assert_eq!(t.shape, b[name].shape, "{name}");
-        assert_eq!(t.values, b[name].values, "{name}");
-    }
-    // The saved file holds exactly the checkpoint's tensors, with their shapes.
-    let saved = read_st(&out.join("model.safetensors"));
+    let model = load::<Cpu>(&dir, &dev);
     let original = read_st(&dir.join("model.safetensors"));
-    let mut s: Vec<_> = saved
-        .iter()
-        .map(|(k, v)| (k.clone(), v.shape.clone()))
-        .collect();
     let mut o: Vec<_> = original
         .iter()
         .map(|(k, v)| (k.clone(), v.shape.clone()))
         .collect();
-    s.sort();
     o.sort();
-    assert_eq!(s, o);
-    std::fs::remove_dir_all(&out).ok();
+    // One file, then shards with an index (the largest tensor is 128 KiB).
+    for (k, shard) in [None, Some(200_000)].into_iter().enumerate() {
+        let out =
+            std::env::temp_dir().join(format!("flowrl-gemma4-save-{}-{k}", std::process::id()));
+        model.save(&out, shard).unwrap();
+        let again = load::<Cpu>(&out, &dev);
+        assert_eq!(weights_of(&model), weights_of(&again));
+        // The saved tensors are exactly the checkpoint's, names (transformers-5 layout) and
+        // shapes (`[]` clip bounds, `[1]` layer scalars) included.
+        let mut saved: Vec<(String, Vec<usize>)> = vec![];
+        for entry in std::fs::read_dir(&out).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "safetensors") {
+                saved.extend(read_st(&path).into_iter().map(|(k, v)| (k, v.shape)));
+            }
+        }
+        saved.sort();
+        assert_eq!(saved, o);
+        assert_eq!(
+            shard.is_some(),
+            out.join("model.safetensors.index.json").exists()
+        );
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
+
+fn put(sink: &mut WeightSink, name: &str, shape: &[usize], values: &[f32]) {
+    WeightVisitor::<Cpu>::put_buffer(sink, name, shape, values);
 }
 
 #[test]
@@ -674,36 +707,33 @@ fn gemma4_load_names_every_bad_tensor() {
     let out = std::env::temp_dir().join(format!("flowrl-gemma4-bad-{}", std::process::id()));
     std::fs::create_dir_all(&out).unwrap();
     std::fs::copy(dir.join("config.json"), out.join("config.json")).unwrap();
-    let mut tensors = read_st(&dir.join("model.safetensors"));
-    tensors.remove("model.language_model.norm.weight");
     let q = "model.language_model.layers.0.self_attn.q_norm.weight";
-    tensors.get_mut(q).unwrap().shape = vec![1, tensors[q].f.len()];
-    let extra = tensors["model.language_model.layers.0.input_layernorm.weight"].clone();
-    tensors.insert("model.language_model.surprise.weight".into(), extra);
-    let host: std::collections::BTreeMap<String, flowrl_models::gemma4::weights::HostTensor> =
-        tensors
-            .into_iter()
-            .map(|(k, v)| {
-                (
-                    k,
-                    flowrl_models::gemma4::weights::HostTensor {
-                        shape: v.shape,
-                        values: v.f,
-                    },
-                )
-            })
-            .collect();
-    flowrl_models::gemma4::weights::write_safetensors(&host, &out.join("model.safetensors"))
-        .unwrap();
-    let err = format!("{:#}", Gemma4Model::<Cpu>::load(&out, &dev).unwrap_err());
+    let mut sink = WeightSink::default();
+    for (name, t) in read_st(&dir.join("model.safetensors")) {
+        match name.as_str() {
+            "model.language_model.norm.weight" => {}
+            n if n == q => put(&mut sink, &name, &[1, t.f.len()], &t.f),
+            _ => put(&mut sink, &name, &t.shape, &t.f),
+        }
+    }
+    put(
+        &mut sink,
+        "model.language_model.surprise.weight",
+        &[2],
+        &[0.0, 1.0],
+    );
+    put(&mut sink, "unused", &[], &[0.0]);
+    sink.write(&out, None).unwrap();
+    let err = format!("{:#}", Model::<Cpu>::load(&out, &dev).unwrap_err());
+    assert!(err.contains("missing tensor model.norm.weight"), "{err}");
     assert!(
-        err.contains("missing: model.language_model.norm.weight"),
+        err.contains("model.layers.0.self_attn.q_norm.weight"),
         "{err}"
     );
-    assert!(err.contains(q), "{err}");
     assert!(
-        err.contains("unexpected: model.language_model.surprise.weight"),
+        err.contains("unexpected tensor model.surprise.weight"),
         "{err}"
     );
+    assert!(err.contains("unexpected tensor unused"), "{err}");
     std::fs::remove_dir_all(&out).ok();
 }

@@ -30,6 +30,12 @@ pub struct Gemma4Config {
     pub audio_token_id: Option<u32>,
     #[serde(default)]
     pub audio_config: Option<serde_json::Value>,
+    /// The per-layer table derived from `text_config` ([`TextConfig::layers`]).
+    #[serde(skip)]
+    pub layers: Vec<LayerSpec>,
+    /// The parsed `config.json` as written, kept to save it back unchanged.
+    #[serde(skip)]
+    pub raw: serde_json::Value,
 }
 
 /// RoPE parameters of one layer type (`text_config.rope_parameters[<layer type>]`).
@@ -91,6 +97,8 @@ pub struct TextConfig {
     pub enable_moe_block: bool,
     #[serde(default)]
     pub tie_word_embeddings: Option<bool>,
+    #[serde(default)]
+    pub initializer_range: Option<f64>,
 }
 
 fn default_max_positions() -> usize {
@@ -161,12 +169,29 @@ impl Gemma4Config {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
-        let config: Self =
+        let json: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        config
-            .validate()
-            .with_context(|| format!("unsupported Gemma 4 config {}", path.display()))?;
+        Self::from_value(&json).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// Parses and checks a `config.json` value and derives the per-layer table.
+    pub fn from_value(json: &serde_json::Value) -> Result<Self> {
+        let mut config: Self =
+            serde_json::from_value(json.clone()).context("parsing a Gemma 4 config.json")?;
+        config.validate().context("unsupported Gemma 4 config")?;
+        config.layers = config.text_config.layers()?;
+        config.raw = json.clone();
         Ok(config)
+    }
+
+    /// The `config.json` text (the file it was read from, unchanged).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(&self.raw).expect("a JSON value serialises") + "\n"
+    }
+
+    /// `text_config.initializer_range` (0.02 when absent), the std of random weights.
+    pub fn initializer_range(&self) -> f64 {
+        self.text_config.initializer_range.unwrap_or(0.02)
     }
 
     /// Rejects features this implementation does not cover.
@@ -190,6 +215,12 @@ impl Gemma4Config {
                 v.rope_parameters.rope_type == "axial",
                 "vision rope_type `{}` is not supported (expected axial)",
                 v.rope_parameters.rope_type
+            );
+            let kv = v.num_key_value_heads.unwrap_or(v.num_attention_heads);
+            ensure!(
+                kv > 0 && v.num_attention_heads % kv == 0,
+                "vision: {} heads are not a multiple of {kv} KV heads",
+                v.num_attention_heads
             );
             ensure!(
                 v.head_dim % 4 == 0,

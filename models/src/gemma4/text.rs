@@ -12,13 +12,18 @@ use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
 
 use super::config::{Gemma4Config, KvSource, LayerKind, LayerSpec};
-use super::layers::{Linear, RmsNorm, apply_rotary, attention, rotary_tables};
-use super::weights::{NamedTensor, NamedTensors, WeightReader};
+use super::layers::geglu;
 use crate::capabilities::KvCache;
+use crate::layers::{
+    Linear, RmsNorm, apply_rotary, attention, causal_padding_window_bias, inv_freq, repeat_kv,
+    rms_normalize, rope_tables,
+};
+use crate::weights::{Init, WeightSource, WeightVisitor};
 
 const PREFIX: &str = "model.language_model";
 
-/// Gated GELU MLP: `down(gelu_tanh(gate(x)) · up(x))`.
+/// GeGLU MLP of a decoder layer (`intermediate_size`, doubled on KV-shared layers when
+/// `use_double_wide_mlp`).
 #[derive(Module, Debug)]
 pub struct TextMlp<B: Backend> {
     pub gate_proj: Linear<B>,
@@ -27,27 +32,27 @@ pub struct TextMlp<B: Backend> {
 }
 
 impl<B: Backend> TextMlp<B> {
-    fn load(w: &mut WeightReader, p: &str, hidden: usize, inter: usize, d: &B::Device) -> Self {
+    fn load(src: &mut dyn WeightSource<B>, p: &str, hidden: usize, inter: usize) -> Self {
         Self {
-            gate_proj: Linear::load(w, &format!("{p}.gate_proj"), inter, hidden, d),
-            up_proj: Linear::load(w, &format!("{p}.up_proj"), inter, hidden, d),
-            down_proj: Linear::load(w, &format!("{p}.down_proj"), hidden, inter, d),
+            gate_proj: Linear::load(src, &format!("{p}.gate_proj"), hidden, inter, false),
+            up_proj: Linear::load(src, &format!("{p}.up_proj"), hidden, inter, false),
+            down_proj: Linear::load(src, &format!("{p}.down_proj"), inter, hidden, false),
         }
     }
 
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let g = gelu_approximate(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(g * self.up_proj.forward(x))
+        geglu(&self.gate_proj, &self.up_proj, &self.down_proj, x)
     }
 
-    fn named(&self, p: &str, out: &mut NamedTensors<B>) {
-        self.gate_proj.named(&format!("{p}.gate_proj"), out);
-        self.up_proj.named(&format!("{p}.up_proj"), out);
-        self.down_proj.named(&format!("{p}.down_proj"), out);
+    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, p: &str) {
+        self.gate_proj.export(sink, &format!("{p}.gate_proj"));
+        self.up_proj.export(sink, &format!("{p}.up_proj"));
+        self.down_proj.export(sink, &format!("{p}.down_proj"));
     }
 }
 
-/// Self-attention of one decoder layer. KV-shared layers have no k/v projections and no k norm.
+/// Self-attention of one decoder layer. KV-shared layers have no k/v projections and no k norm;
+/// `v_norm` has no weight (it is [`rms_normalize`]).
 #[derive(Module, Debug)]
 pub struct TextAttention<B: Backend> {
     pub q_proj: Linear<B>,
@@ -56,7 +61,6 @@ pub struct TextAttention<B: Backend> {
     pub o_proj: Linear<B>,
     pub q_norm: RmsNorm<B>,
     pub k_norm: Option<RmsNorm<B>>,
-    pub v_norm: RmsNorm<B>,
 }
 
 /// One decoder layer.
@@ -71,7 +75,7 @@ pub struct DecoderLayer<B: Backend> {
     pub per_layer_input_gate: Linear<B>,
     pub per_layer_projection: Linear<B>,
     pub post_per_layer_input_norm: RmsNorm<B>,
-    /// Buffer multiplying the whole residual stream at the end of the layer.
+    /// Buffer `[1]` multiplying the whole residual stream at the end of the layer.
     pub layer_scalar: f32,
 }
 
@@ -85,7 +89,7 @@ pub struct TextInfo {
     pub vocab: usize,
     pub ple_vocab: usize,
     pub pad_id: u32,
-    /// Ids whose PLE lookups use the pad row (image/video/audio soft tokens).
+    /// Ids whose lookups use the pad row (image/video/audio soft tokens).
     pub multimodal_ids: Vec<u32>,
     pub softcap: Option<f64>,
     pub eps: f64,
@@ -115,180 +119,150 @@ pub struct TextTrace<B: Backend> {
 }
 
 impl<B: Backend> TextModel<B> {
-    /// Loads the decoder weights (`model.language_model.*`).
-    pub fn load(
-        config: &Gemma4Config,
-        w: &mut WeightReader,
-        device: &B::Device,
-    ) -> anyhow::Result<Self> {
+    /// Builds the decoder from `model.language_model.*` tensors of `src`.
+    pub fn load(src: &mut dyn WeightSource<B>, config: &Gemma4Config) -> Self {
         let t = &config.text_config;
-        let specs = t.layers()?;
         let (h, n, p, eps) = (
             t.hidden_size,
             t.num_hidden_layers,
             t.hidden_size_per_layer_input,
             t.rms_norm_eps,
         );
+        let heads = t.num_attention_heads;
         let mut layers = Vec::with_capacity(n);
-        for (i, spec) in specs.iter().enumerate() {
+        for (i, spec) in config.layers.iter().enumerate() {
             let lp = format!("{PREFIX}.layers.{i}");
             let ap = format!("{lp}.self_attn");
-            let (d, heads, kv) = (spec.head_dim, t.num_attention_heads, spec.num_kv_heads);
+            let (d, kv) = (spec.head_dim, spec.num_kv_heads);
             let own = spec.kv == KvSource::Own;
+            let norm = |src: &mut dyn WeightSource<B>, name: &str, dim: usize| {
+                RmsNorm::load(src, &format!("{lp}.{name}"), dim, eps)
+            };
             let self_attn = TextAttention {
-                q_proj: Linear::load(w, &format!("{ap}.q_proj"), heads * d, h, device),
-                k_proj: own.then(|| Linear::load(w, &format!("{ap}.k_proj"), kv * d, h, device)),
-                v_proj: own.then(|| Linear::load(w, &format!("{ap}.v_proj"), kv * d, h, device)),
-                o_proj: Linear::load(w, &format!("{ap}.o_proj"), h, heads * d, device),
-                q_norm: RmsNorm::load(w, &format!("{ap}.q_norm"), d, eps, device),
-                k_norm: own.then(|| RmsNorm::load(w, &format!("{ap}.k_norm"), d, eps, device)),
-                v_norm: RmsNorm::plain(eps),
+                q_proj: Linear::load(src, &format!("{ap}.q_proj"), h, heads * d, false),
+                k_proj: own.then(|| Linear::load(src, &format!("{ap}.k_proj"), h, kv * d, false)),
+                v_proj: own.then(|| Linear::load(src, &format!("{ap}.v_proj"), h, kv * d, false)),
+                o_proj: Linear::load(src, &format!("{ap}.o_proj"), heads * d, h, false),
+                q_norm: RmsNorm::load(src, &format!("{ap}.q_norm"), d, eps),
+                k_norm: own.then(|| RmsNorm::load(src, &format!("{ap}.k_norm"), d, eps)),
             };
             layers.push(DecoderLayer {
-                input_layernorm: RmsNorm::load(w, &format!("{lp}.input_layernorm"), h, eps, device),
-                post_attention_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.post_attention_layernorm"),
-                    h,
-                    eps,
-                    device,
-                ),
-                pre_feedforward_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.pre_feedforward_layernorm"),
-                    h,
-                    eps,
-                    device,
-                ),
-                post_feedforward_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.post_feedforward_layernorm"),
-                    h,
-                    eps,
-                    device,
-                ),
+                input_layernorm: norm(src, "input_layernorm", h),
+                post_attention_layernorm: norm(src, "post_attention_layernorm", h),
+                pre_feedforward_layernorm: norm(src, "pre_feedforward_layernorm", h),
+                post_feedforward_layernorm: norm(src, "post_feedforward_layernorm", h),
                 self_attn,
-                mlp: TextMlp::load(w, &format!("{lp}.mlp"), h, spec.intermediate_size, device),
+                mlp: TextMlp::load(src, &format!("{lp}.mlp"), h, spec.intermediate_size),
                 per_layer_input_gate: Linear::load(
-                    w,
+                    src,
                     &format!("{lp}.per_layer_input_gate"),
-                    p,
                     h,
-                    device,
+                    p,
+                    false,
                 ),
                 per_layer_projection: Linear::load(
-                    w,
+                    src,
                     &format!("{lp}.per_layer_projection"),
-                    h,
                     p,
-                    device,
-                ),
-                post_per_layer_input_norm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.post_per_layer_input_norm"),
                     h,
-                    eps,
-                    device,
+                    false,
                 ),
-                layer_scalar: w.scalar(&format!("{lp}.layer_scalar")),
+                post_per_layer_input_norm: norm(src, "post_per_layer_input_norm", h),
+                layer_scalar: src.take_data(&format!("{lp}.layer_scalar"), &[1], Init::Ones)[0],
             });
         }
-        let pad_id = t.pad_token_id.unwrap_or(0);
         let mut multimodal_ids = vec![config.image_token_id];
         multimodal_ids.extend(config.video_token_id);
         multimodal_ids.extend(config.audio_token_id);
-        Ok(Self {
-            embed_tokens: w.param(
+        Self {
+            embed_tokens: Param::from_tensor(src.take2(
                 &format!("{PREFIX}.embed_tokens.weight"),
                 [t.vocab_size, h],
-                device,
-            ),
-            embed_tokens_per_layer: w.param(
+                Init::Embedding,
+            )),
+            embed_tokens_per_layer: Param::from_tensor(src.take2(
                 &format!("{PREFIX}.embed_tokens_per_layer.weight"),
                 [t.vocab_size_per_layer_input, n * p],
-                device,
-            ),
+                Init::Embedding,
+            )),
             per_layer_model_projection: Linear::load(
-                w,
+                src,
                 &format!("{PREFIX}.per_layer_model_projection"),
-                n * p,
                 h,
-                device,
+                n * p,
+                false,
             ),
             per_layer_projection_norm: RmsNorm::load(
-                w,
+                src,
                 &format!("{PREFIX}.per_layer_projection_norm"),
                 p,
                 eps,
-                device,
             ),
             layers,
-            norm: RmsNorm::load(w, &format!("{PREFIX}.norm"), h, eps, device),
+            norm: RmsNorm::load(src, &format!("{PREFIX}.norm"), h, eps),
             info: TextInfo {
-                layers: specs,
+                layers: config.layers.clone(),
                 hidden: h,
-                heads: t.num_attention_heads,
+                heads,
                 ple_dim: p,
                 vocab: t.vocab_size,
                 ple_vocab: t.vocab_size_per_layer_input,
-                pad_id,
+                pad_id: t.pad_token_id.unwrap_or(0),
                 multimodal_ids,
                 softcap: t.final_logit_softcapping,
                 eps,
             },
-        })
+        }
     }
 
-    /// Lists every tensor under its Hugging Face name.
-    pub fn named(&self, out: &mut NamedTensors<B>) {
-        out.push(
-            format!("{PREFIX}.embed_tokens.weight"),
-            NamedTensor::R2(self.embed_tokens.val()),
+    /// Every tensor under its Hugging Face name (`model.language_model.*`; the LM head is tied
+    /// and not written).
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
+        sink.put(
+            &format!("{PREFIX}.embed_tokens.weight"),
+            self.embed_tokens.val(),
         );
-        out.push(
-            format!("{PREFIX}.embed_tokens_per_layer.weight"),
-            NamedTensor::R2(self.embed_tokens_per_layer.val()),
+        sink.put(
+            &format!("{PREFIX}.embed_tokens_per_layer.weight"),
+            self.embed_tokens_per_layer.val(),
         );
         self.per_layer_model_projection
-            .named(&format!("{PREFIX}.per_layer_model_projection"), out);
+            .export(sink, &format!("{PREFIX}.per_layer_model_projection"));
         self.per_layer_projection_norm
-            .named(&format!("{PREFIX}.per_layer_projection_norm"), out);
-        self.norm.named(&format!("{PREFIX}.norm"), out);
+            .export(sink, &format!("{PREFIX}.per_layer_projection_norm"));
+        self.norm.export(sink, &format!("{PREFIX}.norm"));
         for (i, l) in self.layers.iter().enumerate() {
             let lp = format!("{PREFIX}.layers.{i}");
             l.input_layernorm
-                .named(&format!("{lp}.input_layernorm"), out);
+                .export(sink, &format!("{lp}.input_layernorm"));
             l.post_attention_layernorm
-                .named(&format!("{lp}.post_attention_layernorm"), out);
+                .export(sink, &format!("{lp}.post_attention_layernorm"));
             l.pre_feedforward_layernorm
-                .named(&format!("{lp}.pre_feedforward_layernorm"), out);
+                .export(sink, &format!("{lp}.pre_feedforward_layernorm"));
             l.post_feedforward_layernorm
-                .named(&format!("{lp}.post_feedforward_layernorm"), out);
+                .export(sink, &format!("{lp}.post_feedforward_layernorm"));
             let a = &l.self_attn;
             let ap = format!("{lp}.self_attn");
-            a.q_proj.named(&format!("{ap}.q_proj"), out);
+            a.q_proj.export(sink, &format!("{ap}.q_proj"));
             if let Some(k) = &a.k_proj {
-                k.named(&format!("{ap}.k_proj"), out);
+                k.export(sink, &format!("{ap}.k_proj"));
             }
             if let Some(v) = &a.v_proj {
-                v.named(&format!("{ap}.v_proj"), out);
+                v.export(sink, &format!("{ap}.v_proj"));
             }
-            a.o_proj.named(&format!("{ap}.o_proj"), out);
-            a.q_norm.named(&format!("{ap}.q_norm"), out);
+            a.o_proj.export(sink, &format!("{ap}.o_proj"));
+            a.q_norm.export(sink, &format!("{ap}.q_norm"));
             if let Some(k) = &a.k_norm {
-                k.named(&format!("{ap}.k_norm"), out);
+                k.export(sink, &format!("{ap}.k_norm"));
             }
-            l.mlp.named(&format!("{lp}.mlp"), out);
+            l.mlp.export(sink, &format!("{lp}.mlp"));
             l.per_layer_input_gate
-                .named(&format!("{lp}.per_layer_input_gate"), out);
+                .export(sink, &format!("{lp}.per_layer_input_gate"));
             l.per_layer_projection
-                .named(&format!("{lp}.per_layer_projection"), out);
+                .export(sink, &format!("{lp}.per_layer_projection"));
             l.post_per_layer_input_norm
-                .named(&format!("{lp}.post_per_layer_input_norm"), out);
-            out.push(
-                format!("{lp}.layer_scalar"),
-                NamedTensor::Scalar1(l.layer_scalar),
-            );
+                .export(sink, &format!("{lp}.post_per_layer_input_norm"));
+            sink.put_buffer(&format!("{lp}.layer_scalar"), &[1], &[l.layer_scalar]);
         }
     }
 
@@ -326,7 +300,7 @@ impl<B: Backend> TextModel<B> {
 
     /// Per-layer inputs `[B, L, n_layers, P]` and their token-identity part
     /// (transformers `get_per_layer_inputs` / `project_per_layer_inputs`):
-    /// `tok = embed_tokens_per_layer[ids'] · sqrt(P)`,
+    /// `tok = embed_tokens_per_layer[ids'] · sqrt(P)` (ids outside the PLE vocabulary use row 0),
     /// `ctx = rms_norm((embeds · W_projᵀ) · H^(−1/2))` over P,
     /// `per_layer_inputs = (ctx + tok) · 2^(−1/2)`.
     pub fn per_layer_inputs(
@@ -337,7 +311,6 @@ impl<B: Backend> TextModel<B> {
         let [b, l] = ids.dims();
         let (n, p) = (self.layers.len(), self.info.ple_dim);
         let ids = self.text_ids(ids);
-        // Ids outside the PLE vocabulary use row 0.
         let outside = ids.clone().greater_equal_elem(self.info.ple_vocab as i64);
         let ids = ids.mask_fill(outside, 0);
         let tok = self
@@ -354,7 +327,7 @@ impl<B: Backend> TextModel<B> {
     }
 
     /// Runs the decoder. `ids` `[B, L]` (for the per-layer embeddings), `embeds` `[B, L, H]`
-    /// (merged text and image embeddings), `positions` `[B, L]`, `mask` `[B, cached + L]`.
+    /// (merged text and image embeddings), `positions` `[1, B, L]`, `mask` `[B, cached + L]`.
     /// With a cache, the layers that own K/V append theirs; KV-shared layers read the (updated)
     /// K/V of their source layer. Returns the final-normed hidden states and, when `trace`,
     /// the intermediates.
@@ -362,62 +335,61 @@ impl<B: Backend> TextModel<B> {
         &self,
         ids: Tensor<B, 2, Int>,
         embeds: Tensor<B, 3>,
-        positions: Tensor<B, 2, Int>,
+        positions: Tensor<B, 3, Int>,
         mask: Tensor<B, 2, Int>,
         mut cache: Option<&mut KvCache<B>>,
         trace: bool,
     ) -> (Tensor<B, 3>, Option<TextTrace<B>>) {
         let [b, l, _] = embeds.dims();
-        let device = embeds.device();
-        let total = mask.dims()[1];
-        let cached = total - l;
         let (ple, tok) = self.per_layer_inputs(ids, embeds.clone());
-        let windows: Vec<usize> = self
-            .info
-            .layers
-            .iter()
-            .filter_map(|s| match s.kind {
-                LayerKind::Sliding { window } => Some(window),
-                LayerKind::Full => None,
-            })
-            .collect();
-        let blocked = BlockedMasks::new(&mask, cached, l, &windows, &device);
-        let positions = positions.float();
-        let mut rope_cache: Vec<((usize, usize, u64), (Tensor<B, 4>, Tensor<B, 4>))> = Vec::new();
+        // Attention biases, one per window (None = full layers), and RoPE tables per
+        // (head dim, rotating pairs, θ), built once per forward.
+        let mut biases: Vec<(Option<usize>, Tensor<B, 4>)> = Vec::new();
+        let mut ropes: Vec<((usize, usize, u64), (Tensor<B, 4>, Tensor<B, 4>))> = Vec::new();
         let mut kv_full: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>> = vec![None; self.layers.len()];
         let mut layer_outputs = Vec::new();
         let p = self.info.ple_dim;
         let mut h = embeds;
         for (i, (layer, spec)) in self.layers.iter().zip(&self.info.layers).enumerate() {
             let key = (spec.head_dim, spec.rotary_pairs, spec.rope_theta.to_bits());
-            let (cos, sin) = match rope_cache.iter().find(|(k, _)| *k == key) {
-                Some((_, cs)) => cs.clone(),
-                None => {
-                    let cs = rotary_tables(positions.clone(), &text_inv_freq(spec));
-                    rope_cache.push((key, cs.clone()));
-                    cs
-                }
-            };
+            if !ropes.iter().any(|(k, _)| *k == key) {
+                let (cos, sin) = rope_tables(positions.clone(), &text_inv_freq(spec), &[]);
+                let d = spec.head_dim;
+                ropes.push((key, (cos.reshape([b, 1, l, d]), sin.reshape([b, 1, l, d]))));
+            }
+            let (cos, sin) = ropes
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, t)| t.clone())
+                .unwrap();
             let window = match spec.kind {
                 LayerKind::Sliding { window } => Some(window),
                 LayerKind::Full => None,
             };
+            if !biases.iter().any(|(w, _)| *w == window) {
+                biases.push((window, causal_padding_window_bias(mask.clone(), l, window)));
+            }
+            let bias = biases
+                .iter()
+                .find(|(w, _)| *w == window)
+                .map(|(_, t)| t.clone())
+                .unwrap();
             let layer_cache = match (&mut cache, spec.kv) {
                 (Some(c), KvSource::Own) => Some(&mut c.layers[i]),
                 _ => None,
             };
-            let attn = layer.attend(
+            let (attn, kv) = layer.attend(
                 layer.input_layernorm.forward(h.clone()),
                 spec,
                 self.info.heads,
-                &cos,
-                &sin,
+                self.info.eps,
+                (cos, sin),
                 &kv_full,
                 layer_cache,
-                blocked.get(window),
+                bias,
             );
-            kv_full[i] = Some(attn.1);
-            let mut x = h + layer.post_attention_layernorm.forward(attn.0);
+            kv_full[i] = Some(kv);
+            let mut x = h + layer.post_attention_layernorm.forward(attn);
             x = x.clone()
                 + layer.post_feedforward_layernorm.forward(
                     layer
@@ -461,39 +433,42 @@ impl<B: Backend> TextModel<B> {
 impl<B: Backend> DecoderLayer<B> {
     /// Attention of this layer over `x` (input-normed); returns the projected output and the
     /// full-length K/V it attended to (its own, cache included, or its source layer's).
+    /// q = RoPE(q_norm(q_proj x)), k = RoPE(k_norm(k_proj x)), v = rms_normalize(v_proj x);
+    /// scale 1.0 (the q/k norm weights carry the temperature).
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         x: Tensor<B, 3>,
         spec: &LayerSpec,
         heads: usize,
-        cos: &Tensor<B, 4>,
-        sin: &Tensor<B, 4>,
+        eps: f64,
+        (cos, sin): (Tensor<B, 4>, Tensor<B, 4>),
         kv_full: &[Option<(Tensor<B, 4>, Tensor<B, 4>)>],
         cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
-        blocked: Tensor<B, 3, Bool>,
+        bias: Tensor<B, 4>,
     ) -> (Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>)) {
         let [b, l, _] = x.dims();
         let (d, kvh) = (spec.head_dim, spec.num_kv_heads);
         let a = &self.self_attn;
         // [B, L, heads, D] → norm → [B, heads, L, D] → RoPE.
+        let rope = |t: Tensor<B, 4>| {
+            let dims = t.dims();
+            apply_rotary(t, cos.clone().expand(dims), sin.clone().expand(dims))
+        };
         let q = a
             .q_norm
             .forward(a.q_proj.forward(x.clone()).reshape([b, l, heads, d]));
-        let q = apply_rotary(q.swap_dims(1, 2), cos.clone(), sin.clone());
+        let q = rope(q.swap_dims(1, 2));
         let (k, v) = match spec.kv {
             KvSource::Own => {
                 let (kp, vp, kn) = (
-                    a.k_proj.as_ref().expect("own K/V layer has k_proj"),
-                    a.v_proj.as_ref().expect("own K/V layer has v_proj"),
-                    a.k_norm.as_ref().expect("own K/V layer has k_norm"),
+                    a.k_proj.as_ref().expect("a layer with own K/V has k_proj"),
+                    a.v_proj.as_ref().expect("a layer with own K/V has v_proj"),
+                    a.k_norm.as_ref().expect("a layer with own K/V has k_norm"),
                 );
                 let k = kn.forward(kp.forward(x.clone()).reshape([b, l, kvh, d]));
-                let k = apply_rotary(k.swap_dims(1, 2), cos.clone(), sin.clone());
-                let v = a
-                    .v_norm
-                    .forward(vp.forward(x).reshape([b, l, kvh, d]))
-                    .swap_dims(1, 2);
+                let k = rope(k.swap_dims(1, 2));
+                let v = rms_normalize(vp.forward(x).reshape([b, l, kvh, d]), eps).swap_dims(1, 2);
                 match cache {
                     Some(slot) => {
                         let (k, v) = match slot.take() {
@@ -512,92 +487,27 @@ impl<B: Backend> DecoderLayer<B> {
                 .clone()
                 .expect("the source layer of a KV-shared layer runs first"),
         };
-        let o = attention(q, k.clone(), v.clone(), blocked)
-            .swap_dims(1, 2)
-            .reshape([b, l, heads * d]);
+        let group = heads / kvh;
+        let o = attention(
+            q,
+            repeat_kv(k.clone(), group),
+            repeat_kv(v.clone(), group),
+            Some(bias),
+            1.0,
+        )
+        .swap_dims(1, 2)
+        .reshape([b, l, heads * d]);
         (a.o_proj.forward(o), (k, v))
     }
 }
 
-/// Inverse frequencies of a text layer: `1/θ^(2j/D)` for the `rotary_pairs` first pairs and 0
-/// for the rest (proportional RoPE keeps the exponent over the full D), computed in f32 as
-/// transformers does.
+/// Inverse frequencies of a text layer: `1/θ^(2j/D)` ([`inv_freq`]) for the `rotary_pairs`
+/// first pairs and 0 for the rest, so those channels pass through unrotated (proportional RoPE
+/// keeps the exponent over the full D).
 fn text_inv_freq(spec: &LayerSpec) -> Vec<f32> {
-    let d = spec.head_dim;
-    let theta = spec.rope_theta as f32;
-    (0..d / 2)
-        .map(|j| {
-            if j < spec.rotary_pairs {
-                1.0 / theta.powf((2 * j) as f32 / d as f32)
-            } else {
-                0.0
-            }
-        })
-        .collect()
-}
-
-/// Blocked (query, key) pairs for full and sliding layers, built once per forward from the
-/// attention mask: index-based causal + key padding (+ window).
-struct BlockedMasks<B: Backend> {
-    full: Tensor<B, 3, Bool>,
-    sliding: Vec<(usize, Tensor<B, 3, Bool>)>,
-}
-
-impl<B: Backend> BlockedMasks<B> {
-    fn new(
-        mask: &Tensor<B, 2, Int>,
-        cached: usize,
-        l: usize,
-        windows: &[usize],
-        device: &B::Device,
-    ) -> Self {
-        let [b, total] = mask.dims();
-        let valid: Vec<bool> = mask
-            .clone()
-            .into_data()
-            .convert::<i64>()
-            .into_vec::<i64>()
-            .expect("attention mask values")
-            .into_iter()
-            .map(|m| m != 0)
-            .collect();
-        let build = |window: Option<usize>| {
-            let mut blocked = Vec::with_capacity(b * l * total);
-            for row in 0..b {
-                for qi in 0..l {
-                    let q = cached + qi;
-                    for k in 0..total {
-                        let mut ok = k <= q && valid[row * total + k];
-                        if let Some(w) = window {
-                            ok &= k + w > q;
-                        }
-                        blocked.push(!ok);
-                    }
-                }
-            }
-            Tensor::<B, 3, Bool>::from_data(TensorData::new(blocked, [b, l, total]), device)
-        };
-        let mut sliding: Vec<(usize, Tensor<B, 3, Bool>)> = Vec::new();
-        for &w in windows {
-            if !sliding.iter().any(|(x, _)| *x == w) {
-                sliding.push((w, build(Some(w))));
-            }
-        }
-        Self {
-            full: build(None),
-            sliding,
-        }
+    let mut f = inv_freq(spec.rope_theta, spec.head_dim);
+    for v in f.iter_mut().skip(spec.rotary_pairs) {
+        *v = 0.0;
     }
-
-    fn get(&self, window: Option<usize>) -> Tensor<B, 3, Bool> {
-        match window {
-            None => self.full.clone(),
-            Some(w) => self
-                .sliding
-                .iter()
-                .find(|(x, _)| *x == w)
-                .map(|(_, t)| t.clone())
-                .expect("sliding mask built for every window"),
-        }
-    }
+    f
 }

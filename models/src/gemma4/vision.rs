@@ -10,17 +10,20 @@
 use anyhow::{Result, bail, ensure};
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::gelu_approximate;
 
 use super::config::VisionConfig;
-use super::layers::{ClippedLinear, Linear, RmsNorm, apply_rotary, attention, rotary_tables};
-use super::weights::{NamedTensor, NamedTensors, WeightReader};
+use super::layers::{ClippedLinear, LinearMap, geglu};
 use crate::capabilities::ProcessedImage;
+use crate::layers::{
+    Linear, MASKED, RmsNorm, apply_rotary, attention, inv_freq, repeat_kv, rms_normalize,
+    rope_tables,
+};
+use crate::weights::{Init, WeightSource, WeightVisitor};
 
 const TOWER: &str = "model.vision_tower";
 const EMBED: &str = "model.embed_vision";
 
-/// Gated GELU MLP with clipped linears.
+/// GeGLU MLP with clipped linears.
 #[derive(Module, Debug)]
 pub struct VisionMlp<B: Backend> {
     pub gate_proj: ClippedLinear<B>,
@@ -28,7 +31,7 @@ pub struct VisionMlp<B: Backend> {
     pub down_proj: ClippedLinear<B>,
 }
 
-/// Bidirectional self-attention with clipped projections and q/k/v norms.
+/// Bidirectional self-attention with clipped projections, q/k norms and a weightless v norm.
 #[derive(Module, Debug)]
 pub struct VisionAttention<B: Backend> {
     pub q_proj: ClippedLinear<B>,
@@ -37,7 +40,6 @@ pub struct VisionAttention<B: Backend> {
     pub o_proj: ClippedLinear<B>,
     pub q_norm: RmsNorm<B>,
     pub k_norm: RmsNorm<B>,
-    pub v_norm: RmsNorm<B>,
 }
 
 /// One encoder layer: the text layer's sandwich norms, without PLE and `layer_scalar`.
@@ -62,6 +64,7 @@ pub struct VisionInfo {
     pub pool: usize,
     pub table_size: usize,
     pub rope_theta: f64,
+    pub eps: f64,
 }
 
 /// The vision tower and the projector into the text width.
@@ -73,7 +76,6 @@ pub struct VisionTower<B: Backend> {
     pub layers: Vec<VisionLayer<B>>,
     /// `embed_vision.embedding_projection` `[H, Hv]`, after a weightless RMSNorm.
     pub embedding_projection: Linear<B>,
-    pub pre_projection_norm: RmsNorm<B>,
     pub info: VisionInfo,
 }
 
@@ -88,105 +90,67 @@ pub struct VisionTrace<B: Backend> {
     pub pooled: Tensor<B, 2>,
 }
 
-fn clipped<B: Backend>(
-    w: &mut WeightReader,
-    p: &str,
-    out: usize,
-    inp: usize,
-    d: &B::Device,
-) -> ClippedLinear<B> {
-    ClippedLinear::load(w, p, out, inp, d)
-}
-
 impl<B: Backend> VisionTower<B> {
-    /// Loads `model.vision_tower.*` and `model.embed_vision.*`; `text_hidden` is the text width.
-    pub fn load(
-        c: &VisionConfig,
-        text_hidden: usize,
-        w: &mut WeightReader,
-        device: &B::Device,
-    ) -> Result<Self> {
+    /// Builds the tower from `model.vision_tower.*` and `model.embed_vision.*` tensors of `src`;
+    /// `text_hidden` is the text width.
+    pub fn load(src: &mut dyn WeightSource<B>, c: &VisionConfig, text_hidden: usize) -> Self {
         let (hv, iv, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
         let heads = c.num_attention_heads;
         let kv_heads = c.num_key_value_heads.unwrap_or(heads);
         let dv = c.head_dim;
-        ensure!(
-            heads % kv_heads == 0,
-            "vision: {heads} heads are not a multiple of {kv_heads} KV heads"
-        );
         let patch_dim = 3 * c.patch_size * c.patch_size;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let lp = format!("{TOWER}.encoder.layers.{i}");
             let ap = format!("{lp}.self_attn");
             let mp = format!("{lp}.mlp");
+            let norm = |src: &mut dyn WeightSource<B>, name: &str, dim: usize| {
+                RmsNorm::load(src, &format!("{lp}.{name}"), dim, eps)
+            };
+            let clipped = |src: &mut dyn WeightSource<B>, name: &str, i: usize, o: usize| {
+                ClippedLinear::load(src, name, i, o)
+            };
             layers.push(VisionLayer {
-                input_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.input_layernorm"),
-                    hv,
-                    eps,
-                    device,
-                ),
-                post_attention_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.post_attention_layernorm"),
-                    hv,
-                    eps,
-                    device,
-                ),
-                pre_feedforward_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.pre_feedforward_layernorm"),
-                    hv,
-                    eps,
-                    device,
-                ),
-                post_feedforward_layernorm: RmsNorm::load(
-                    w,
-                    &format!("{lp}.post_feedforward_layernorm"),
-                    hv,
-                    eps,
-                    device,
-                ),
+                input_layernorm: norm(src, "input_layernorm", hv),
+                post_attention_layernorm: norm(src, "post_attention_layernorm", hv),
+                pre_feedforward_layernorm: norm(src, "pre_feedforward_layernorm", hv),
+                post_feedforward_layernorm: norm(src, "post_feedforward_layernorm", hv),
                 self_attn: VisionAttention {
-                    q_proj: clipped(w, &format!("{ap}.q_proj"), heads * dv, hv, device),
-                    k_proj: clipped(w, &format!("{ap}.k_proj"), kv_heads * dv, hv, device),
-                    v_proj: clipped(w, &format!("{ap}.v_proj"), kv_heads * dv, hv, device),
-                    o_proj: clipped(w, &format!("{ap}.o_proj"), hv, heads * dv, device),
-                    q_norm: RmsNorm::load(w, &format!("{ap}.q_norm"), dv, eps, device),
-                    k_norm: RmsNorm::load(w, &format!("{ap}.k_norm"), dv, eps, device),
-                    v_norm: RmsNorm::plain(eps),
+                    q_proj: clipped(src, &format!("{ap}.q_proj"), hv, heads * dv),
+                    k_proj: clipped(src, &format!("{ap}.k_proj"), hv, kv_heads * dv),
+                    v_proj: clipped(src, &format!("{ap}.v_proj"), hv, kv_heads * dv),
+                    o_proj: clipped(src, &format!("{ap}.o_proj"), heads * dv, hv),
+                    q_norm: RmsNorm::load(src, &format!("{ap}.q_norm"), dv, eps),
+                    k_norm: RmsNorm::load(src, &format!("{ap}.k_norm"), dv, eps),
                 },
                 mlp: VisionMlp {
-                    gate_proj: clipped(w, &format!("{mp}.gate_proj"), iv, hv, device),
-                    up_proj: clipped(w, &format!("{mp}.up_proj"), iv, hv, device),
-                    down_proj: clipped(w, &format!("{mp}.down_proj"), hv, iv, device),
+                    gate_proj: clipped(src, &format!("{mp}.gate_proj"), hv, iv),
+                    up_proj: clipped(src, &format!("{mp}.up_proj"), hv, iv),
+                    down_proj: clipped(src, &format!("{mp}.down_proj"), iv, hv),
                 },
             });
         }
-        Ok(Self {
+        Self {
             input_proj: Linear::load(
-                w,
+                src,
                 &format!("{TOWER}.patch_embedder.input_proj"),
-                hv,
                 patch_dim,
-                device,
+                hv,
+                false,
             ),
-            position_embedding_table: w.param(
+            position_embedding_table: Param::from_tensor(src.take::<3>(
                 &format!("{TOWER}.patch_embedder.position_embedding_table"),
                 [2, c.position_embedding_size, hv],
-                device,
-            ),
+                Init::Embedding,
+            )),
             layers,
             embedding_projection: Linear::load(
-                w,
+                src,
                 &format!("{EMBED}.embedding_projection"),
-                text_hidden,
                 hv,
-                device,
+                text_hidden,
+                false,
             ),
-            pre_projection_norm: RmsNorm::plain(eps),
             info: VisionInfo {
                 hidden: hv,
                 heads,
@@ -196,43 +160,44 @@ impl<B: Backend> VisionTower<B> {
                 pool: c.pooling_kernel_size,
                 table_size: c.position_embedding_size,
                 rope_theta: c.rope_parameters.rope_theta,
+                eps,
             },
-        })
+        }
     }
 
-    /// Lists every tensor under its Hugging Face name.
-    pub fn named(&self, out: &mut NamedTensors<B>) {
+    /// Every tensor under its Hugging Face name.
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
         self.input_proj
-            .named(&format!("{TOWER}.patch_embedder.input_proj"), out);
-        out.push(
-            format!("{TOWER}.patch_embedder.position_embedding_table"),
-            NamedTensor::R3(self.position_embedding_table.val()),
+            .export(sink, &format!("{TOWER}.patch_embedder.input_proj"));
+        sink.put(
+            &format!("{TOWER}.patch_embedder.position_embedding_table"),
+            self.position_embedding_table.val(),
         );
         for (i, l) in self.layers.iter().enumerate() {
             let lp = format!("{TOWER}.encoder.layers.{i}");
             l.input_layernorm
-                .named(&format!("{lp}.input_layernorm"), out);
+                .export(sink, &format!("{lp}.input_layernorm"));
             l.post_attention_layernorm
-                .named(&format!("{lp}.post_attention_layernorm"), out);
+                .export(sink, &format!("{lp}.post_attention_layernorm"));
             l.pre_feedforward_layernorm
-                .named(&format!("{lp}.pre_feedforward_layernorm"), out);
+                .export(sink, &format!("{lp}.pre_feedforward_layernorm"));
             l.post_feedforward_layernorm
-                .named(&format!("{lp}.post_feedforward_layernorm"), out);
+                .export(sink, &format!("{lp}.post_feedforward_layernorm"));
             let a = &l.self_attn;
             let ap = format!("{lp}.self_attn");
-            a.q_proj.named(&format!("{ap}.q_proj"), out);
-            a.k_proj.named(&format!("{ap}.k_proj"), out);
-            a.v_proj.named(&format!("{ap}.v_proj"), out);
-            a.o_proj.named(&format!("{ap}.o_proj"), out);
-            a.q_norm.named(&format!("{ap}.q_norm"), out);
-            a.k_norm.named(&format!("{ap}.k_norm"), out);
+            a.q_proj.export(sink, &format!("{ap}.q_proj"));
+            a.k_proj.export(sink, &format!("{ap}.k_proj"));
+            a.v_proj.export(sink, &format!("{ap}.v_proj"));
+            a.o_proj.export(sink, &format!("{ap}.o_proj"));
+            a.q_norm.export(sink, &format!("{ap}.q_norm"));
+            a.k_norm.export(sink, &format!("{ap}.k_norm"));
             let mp = format!("{lp}.mlp");
-            l.mlp.gate_proj.named(&format!("{mp}.gate_proj"), out);
-            l.mlp.up_proj.named(&format!("{mp}.up_proj"), out);
-            l.mlp.down_proj.named(&format!("{mp}.down_proj"), out);
+            l.mlp.gate_proj.export(sink, &format!("{mp}.gate_proj"));
+            l.mlp.up_proj.export(sink, &format!("{mp}.up_proj"));
+            l.mlp.down_proj.export(sink, &format!("{mp}.down_proj"));
         }
         self.embedding_projection
-            .named(&format!("{EMBED}.embedding_projection"), out);
+            .export(sink, &format!("{EMBED}.embedding_projection"));
     }
 
     /// Image embeddings `[Σ n_soft, H]` of `images` (tower, pooler, projector) and, when
@@ -252,62 +217,81 @@ impl<B: Backend> VisionTower<B> {
         .reshape([n, p, self.info.patch_dim]);
         let patch_embeds = self.embed_patches(pixels, &batch, device)?;
 
-        // Axial RoPE tables: first half of each head rotates with x, second half with y.
+        // Axial 2-D RoPE: the first half of each head rotates with x, the second with y, each
+        // with rotate_half inside its half; inv_freq = 1/θ^(2j/(Dv/2)).
         let half = self.info.head_dim / 2;
-        let inv: Vec<f32> = (0..half / 2)
-            .map(|j| 1.0 / (self.info.rope_theta as f32).powf((2 * j) as f32 / half as f32))
-            .collect();
-        let coord = |axis: usize| {
-            let v: Vec<f32> = batch.positions.iter().map(|xy| xy[axis] as f32).collect();
-            Tensor::<B, 1>::from_data(TensorData::new(v, [n * p]), device).reshape([n, p])
+        let inv = inv_freq(self.info.rope_theta, half);
+        let table = |axis: usize| {
+            let v: Vec<i64> = batch.positions.iter().map(|xy| xy[axis]).collect();
+            let pos = Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n * p]), device)
+                .reshape([1, n, p]);
+            let (cos, sin) = rope_tables(pos, &inv, &[]);
+            (cos.reshape([n, 1, p, half]), sin.reshape([n, 1, p, half]))
         };
-        let (cos_x, sin_x) = rotary_tables(coord(0), &inv);
-        let (cos_y, sin_y) = rotary_tables(coord(1), &inv);
+        let ((cos_x, sin_x), (cos_y, sin_y)) = (table(0), table(1));
         let rope = |t: Tensor<B, 4>| {
-            let a = apply_rotary(t.clone().narrow(3, 0, half), cos_x.clone(), sin_x.clone());
-            let b = apply_rotary(t.narrow(3, half, half), cos_y.clone(), sin_y.clone());
-            Tensor::cat(vec![a, b], 3)
+            let [a, h, l, _] = t.dims();
+            let dims = [a, h, l, half];
+            let x = apply_rotary(
+                t.clone().narrow(3, 0, half),
+                cos_x.clone().expand(dims),
+                sin_x.clone().expand(dims),
+            );
+            let y = apply_rotary(
+                t.narrow(3, half, half),
+                cos_y.clone().expand(dims),
+                sin_y.clone().expand(dims),
+            );
+            Tensor::cat(vec![x, y], 3)
         };
-        // Padding patches are never keys.
-        let mut mask = Vec::with_capacity(n * p * p);
-        for img in 0..n {
-            let row: Vec<bool> = (0..p).map(|k| !batch.real[img * p + k]).collect();
-            for _ in 0..p {
-                mask.extend_from_slice(&row);
-            }
-        }
-        let blocked = Tensor::<B, 3, Bool>::from_data(TensorData::new(mask, [n, p, p]), device);
+        // Bidirectional attention; padding patches are never keys.
+        let key_bias: Vec<f32> = batch
+            .real
+            .iter()
+            .map(|&r| if r { 0.0 } else { MASKED })
+            .collect();
+        let bias = Tensor::<B, 1>::from_data(TensorData::new(key_bias, [n * p]), device)
+            .reshape([n, 1, 1, p]);
 
-        let (heads, kvh, dv) = (self.info.heads, self.info.kv_heads, self.info.head_dim);
+        let (heads, kvh, dv, eps) = (
+            self.info.heads,
+            self.info.kv_heads,
+            self.info.head_dim,
+            self.info.eps,
+        );
         let mut h = patch_embeds.clone();
         for layer in &self.layers {
             let a = &layer.self_attn;
             let x = layer.input_layernorm.forward(h.clone());
             let q = a
                 .q_norm
-                .forward(a.q_proj.forward(x.clone()).reshape([n, p, heads, dv]));
+                .forward(a.q_proj.apply(x.clone()).reshape([n, p, heads, dv]));
             let k = a
                 .k_norm
-                .forward(a.k_proj.forward(x.clone()).reshape([n, p, kvh, dv]));
-            let v = a
-                .v_norm
-                .forward(a.v_proj.forward(x).reshape([n, p, kvh, dv]));
+                .forward(a.k_proj.apply(x.clone()).reshape([n, p, kvh, dv]));
+            let v = rms_normalize(a.v_proj.apply(x).reshape([n, p, kvh, dv]), eps);
             let q = rope(q.swap_dims(1, 2));
             let k = rope(k.swap_dims(1, 2));
-            let o = attention(q, k, v.swap_dims(1, 2), blocked.clone())
-                .swap_dims(1, 2)
-                .reshape([n, p, heads * dv]);
-            h = h + layer.post_attention_layernorm.forward(a.o_proj.forward(o));
+            let group = heads / kvh;
+            let o = attention(
+                q,
+                repeat_kv(k, group),
+                repeat_kv(v.swap_dims(1, 2), group),
+                Some(bias.clone()),
+                1.0,
+            )
+            .swap_dims(1, 2)
+            .reshape([n, p, heads * dv]);
+            h = h + layer.post_attention_layernorm.forward(a.o_proj.apply(o));
             let x = layer.pre_feedforward_layernorm.forward(h.clone());
             let m = &layer.mlp;
-            let y = m
-                .down_proj
-                .forward(gelu_approximate(m.gate_proj.forward(x.clone())) * m.up_proj.forward(x));
+            let y = geglu(&m.gate_proj, &m.up_proj, &m.down_proj, x);
             h = h + layer.post_feedforward_layernorm.forward(y);
         }
         let encoder_out = h;
 
-        // Pooler: average of each k×k block of real patches (a [slots, N·P] matrix), × sqrt(Hv).
+        // Pooler: mean of each k×k block of real patches (a [slots, N·P] matrix of 1/k²),
+        // then × sqrt(Hv).
         let total_soft = batch.slots.len();
         let kk = (self.info.pool * self.info.pool) as f32;
         let mut weights = vec![0f32; total_soft * n * p];
@@ -321,9 +305,10 @@ impl<B: Backend> VisionTower<B> {
                 .reshape([total_soft, n * p]);
         let pooled =
             weights.matmul(encoder_out.clone().reshape([n * p, hv])) * ((hv as f64).sqrt() as f32);
+        // Projector: weightless RMSNorm, then the projection into the text width.
         let embeds = self
             .embedding_projection
-            .forward(self.pre_projection_norm.forward(pooled.clone()));
+            .forward(rms_normalize(pooled.clone(), eps));
         let trace = trace.then(|| VisionTrace {
             patch_embeds,
             encoder_out,
