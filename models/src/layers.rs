@@ -10,7 +10,7 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
 
-use crate::weights::{Init, WeightSink, WeightSource};
+use crate::weights::{Init, WeightSource, WeightVisitor};
 
 /// `y = x·Wᵀ + b` with `W` stored `[out, in]` as in PyTorch / Hugging Face checkpoints.
 #[derive(Module, Debug)]
@@ -36,7 +36,7 @@ impl<B: Backend> Linear<B> {
         }
     }
 
-    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         sink.put(&format!("{prefix}.weight"), self.weight.val());
         if let Some(b) = &self.bias {
             sink.put(&format!("{prefix}.bias"), b.val());
@@ -76,15 +76,20 @@ impl<B: Backend> RmsNorm<B> {
         }
     }
 
-    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         sink.put(&format!("{prefix}.weight"), self.weight.val());
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let var = x.clone().powi_scalar(2).mean_dim(D - 1);
-        let x = x * (var + self.eps).sqrt().recip();
-        x * self.weight.val().unsqueeze::<D>()
+        rms_normalize(x, self.eps) * self.weight.val().unsqueeze::<D>()
     }
+}
+
+/// RMSNorm without weight: `x / sqrt(mean(x²) + eps)` over the last dimension (Gemma 4's
+/// `v_norm` and vision-projector pre-norm, `with_scale=False`).
+pub fn rms_normalize<const D: usize, B: Backend>(x: Tensor<B, D>, eps: f64) -> Tensor<B, D> {
+    let var = x.clone().powi_scalar(2).mean_dim(D - 1);
+    x * (var + eps).sqrt().recip()
 }
 
 /// LayerNorm: `w · (x − mean) / sqrt(var + eps) + b` with the biased variance.
@@ -106,7 +111,7 @@ impl<B: Backend> LayerNorm<B> {
         }
     }
 
-    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         sink.put(&format!("{prefix}.weight"), self.weight.val());
         sink.put(&format!("{prefix}.bias"), self.bias.val());
     }
@@ -158,7 +163,7 @@ impl<B: Backend> SwiGluMlp<B> {
         }
     }
 
-    pub fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         self.gate_proj.export(sink, &format!("{prefix}.gate_proj"));
         self.up_proj.export(sink, &format!("{prefix}.up_proj"));
         self.down_proj.export(sink, &format!("{prefix}.down_proj"));
@@ -237,13 +242,24 @@ pub fn rope_tables<B: Backend>(
 /// number elsewhere (finite, so fully masked padding rows give a uniform softmax like HF's
 /// `finfo.min` bias instead of NaN).
 pub fn causal_padding_bias<B: Backend>(key_mask: Tensor<B, 2, Int>, len: usize) -> Tensor<B, 4> {
+    causal_padding_window_bias(key_mask, len, None)
+}
+
+/// [`causal_padding_bias`] with an optional sliding window `W`: key j is also masked unless
+/// `j > past + i − W` (at most W keys, the query's own included; HF sliding-window layers).
+pub fn causal_padding_window_bias<B: Backend>(
+    key_mask: Tensor<B, 2, Int>,
+    len: usize,
+    window: Option<usize>,
+) -> Tensor<B, 4> {
     let [batch, total] = key_mask.dims();
     let past = total - len;
     let device = key_mask.device();
     let mut causal = Vec::with_capacity(len * total);
     for i in 0..len {
         for j in 0..total {
-            causal.push(if j <= past + i { 0.0f32 } else { MASKED });
+            let visible = j <= past + i && window.is_none_or(|w| j + w > past + i);
+            causal.push(if visible { 0.0f32 } else { MASKED });
         }
     }
     let causal = Tensor::<B, 1>::from_data(TensorData::new(causal, [len * total]), &device)

@@ -15,19 +15,23 @@ use crate::capabilities::{
     CausalLm, MultimodalPositions, PaddedBatch, PositionIds, ProcessedImage, Vision,
     plain_positions, scatter_image_embeddings,
 };
+use crate::gemma4::{Gemma4, Gemma4Config};
 use crate::qwen2_vl::{QwenVl, QwenVlConfig};
-use crate::weights::{Checkpoint, RandomInit, WeightSink, WeightSource};
+use crate::weights::{Checkpoint, RandomInit, WeightSink, WeightSource, WeightVisitor};
 
 /// A model of any registered family.
 #[derive(Module, Debug)]
 pub enum Model<B: Backend> {
     /// Qwen2-VL and Qwen2.5-VL.
     QwenVl(QwenVl<B>),
+    /// Gemma 4.
+    Gemma4(Gemma4<B>),
 }
 
 /// A parsed config of any registered family.
 enum FamilyConfig {
     QwenVl(QwenVlConfig),
+    Gemma4(Box<Gemma4Config>),
 }
 
 fn parse_config(text: &str) -> Result<FamilyConfig> {
@@ -39,6 +43,7 @@ fn parse_config(text: &str) -> Result<FamilyConfig> {
     crate::registry::family(model_type)?;
     match model_type {
         "qwen2_vl" | "qwen2_5_vl" => Ok(FamilyConfig::QwenVl(QwenVlConfig::from_value(&json)?)),
+        "gemma4" => Ok(FamilyConfig::Gemma4(Box::new(Gemma4Config::from_value(&json)?))),
         other => bail!("model_type `{other}` is registered but has no model implementation"),
     }
 }
@@ -47,6 +52,7 @@ impl<B: Backend> Model<B> {
     fn build(config: &FamilyConfig, src: &mut dyn WeightSource<B>) -> Self {
         match config {
             FamilyConfig::QwenVl(c) => Model::QwenVl(QwenVl::load(src, c)),
+            FamilyConfig::Gemma4(c) => Model::Gemma4(Gemma4::load(src, c)),
         }
     }
 
@@ -71,6 +77,7 @@ impl<B: Backend> Model<B> {
         let config = parse_config(config_json)?;
         let std = match &config {
             FamilyConfig::QwenVl(c) => c.text.initializer_range as f32,
+            FamilyConfig::Gemma4(c) => c.initializer_range() as f32,
         };
         let mut src = RandomInit::<B>::new(device, seed, std);
         Ok(Self::build(&config, &mut src))
@@ -90,9 +97,10 @@ impl<B: Backend> Model<B> {
     }
 
     /// Every weight under its checkpoint name.
-    pub fn export(&self, sink: &mut WeightSink) {
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
         match self {
             Model::QwenVl(m) => m.export(sink),
+            Model::Gemma4(m) => m.export(sink),
         }
     }
 
@@ -100,6 +108,7 @@ impl<B: Backend> Model<B> {
     pub fn config_json(&self) -> String {
         match self {
             Model::QwenVl(m) => m.config.to_json(),
+            Model::Gemma4(m) => m.config.to_json(),
         }
     }
 
@@ -108,6 +117,7 @@ impl<B: Backend> Model<B> {
     pub fn model_type(&self) -> &'static str {
         match self {
             Model::QwenVl(m) => m.config.flavor.model_type(),
+            Model::Gemma4(_) => "gemma4",
         }
     }
 
@@ -115,6 +125,7 @@ impl<B: Backend> Model<B> {
     pub fn causal_lm(&self) -> &dyn CausalLm<B> {
         match self {
             Model::QwenVl(m) => m,
+            Model::Gemma4(m) => m,
         }
     }
 
@@ -122,6 +133,7 @@ impl<B: Backend> Model<B> {
     pub fn vision(&self) -> Option<&dyn Vision<B>> {
         match self {
             Model::QwenVl(m) => Some(m),
+            Model::Gemma4(m) => m.vision.as_ref().map(|_| m as &dyn Vision<B>),
         }
     }
 
@@ -129,6 +141,7 @@ impl<B: Backend> Model<B> {
     pub fn multimodal_positions(&self) -> Option<&dyn MultimodalPositions> {
         match self {
             Model::QwenVl(m) => Some(&m.positions),
+            Model::Gemma4(_) => None,
         }
     }
 

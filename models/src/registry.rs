@@ -25,6 +25,12 @@ fn qwen_vl_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
     ))
 }
 
+fn gemma4_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
+    Ok(Box::new(
+        crate::gemma4::processor::Gemma4ImageProcessor::from_dir(dir)?,
+    ))
+}
+
 /// Every family flowrl knows. Qwen2.5-VL uses Qwen2-VL's image processor.
 pub const FAMILIES: &[Family] = &[
     Family {
@@ -34,6 +40,10 @@ pub const FAMILIES: &[Family] = &[
     Family {
         model_type: "qwen2_5_vl",
         image_processor: Some(qwen_vl_processor),
+    },
+    Family {
+        model_type: "gemma4",
+        image_processor: Some(gemma4_processor),
     },
 ];
 

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
@@ -25,6 +26,8 @@ pub enum Init {
     Embedding,
     Zeros,
     Ones,
+    /// Every value equal to this constant (e.g. ±∞ clip bounds of Gemma 4's vision linears).
+    Const(f32),
 }
 
 /// Where layers get their weights from.
@@ -260,11 +263,31 @@ impl<B: Backend> WeightSource<B> for RandomInit<B> {
         match init {
             Init::Zeros => vec![0.0; n],
             Init::Ones => vec![1.0; n],
+            Init::Const(c) => vec![c; n],
             Init::Matrix | Init::Embedding => (0..n).map(|_| self.normal() * self.std).collect(),
         }
     }
 
     fn ignore(&mut self, _name: &str) {}
+}
+
+/// Receives every weight of a model under its checkpoint name (models' `export` methods call
+/// it once per tensor, so names are written in one place per layer).
+pub trait WeightVisitor<B: Backend> {
+    fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>);
+
+    /// A host-side buffer that is not a parameter, stored with `shape` (`[]` for a scalar), e.g.
+    /// Gemma 4's clip bounds and layer scalars. Ignored by default (no gradients).
+    fn put_buffer(&mut self, name: &str, shape: &[usize], values: &[f32]) {
+        let _ = (name, shape, values);
+    }
+}
+
+fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 tensor data")
 }
 
 /// Named host tensors collected from a model for saving.
@@ -273,15 +296,50 @@ pub struct WeightSink {
     tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
 }
 
-impl WeightSink {
-    pub fn put<B: Backend, const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
+impl<B: Backend> WeightVisitor<B> for WeightSink {
+    fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
         let shape = t.dims().to_vec();
-        let values = t
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .expect("f32 tensor data");
-        self.tensors.insert(name.to_string(), (shape, values));
+        self.tensors
+            .insert(name.to_string(), (shape, host_values(t)));
+    }
+
+    fn put_buffer(&mut self, name: &str, shape: &[usize], values: &[f32]) {
+        self.tensors
+            .insert(name.to_string(), (shape.to_vec(), values.to_vec()));
+    }
+}
+
+/// Gradients of a model's weights by checkpoint name (host f32, row-major), after `backward()`.
+/// A weight without a gradient is absent.
+pub struct GradCollector<'a, B: AutodiffBackend> {
+    grads: &'a B::Gradients,
+    pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+}
+
+impl<'a, B: AutodiffBackend> GradCollector<'a, B> {
+    pub fn new(grads: &'a B::Gradients) -> Self {
+        Self {
+            grads,
+            tensors: BTreeMap::new(),
+        }
+    }
+}
+
+impl<B: AutodiffBackend> WeightVisitor<B> for GradCollector<'_, B> {
+    fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
+        if let Some(g) = t.grad(self.grads) {
+            self.tensors
+                .insert(name.to_string(), (g.dims().to_vec(), host_values(g)));
+        }
+    }
+}
+
+impl WeightSink {
+    /// Shape and values of tensor `name`.
+    pub fn get(&self, name: &str) -> Option<(&[usize], &[f32])> {
+        self.tensors
+            .get(name)
+            .map(|(s, v)| (s.as_slice(), v.as_slice()))
     }
 
     /// Names and shapes collected so far.

@@ -15,7 +15,7 @@ use anyhow::Result;
 use burn::prelude::*;
 
 use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
-use crate::weights::{WeightSink, WeightSource};
+use crate::weights::{WeightSource, WeightVisitor};
 pub use config::{Flavor, QwenVlConfig};
 pub use positions::MropePositions;
 use text::TextModel;
@@ -47,7 +47,7 @@ impl<B: Backend> QwenVl<B> {
     }
 
     /// Every weight under its legacy hub name (`visual.*`, `model.*`, `lm_head.weight`).
-    pub fn export(&self, sink: &mut WeightSink) {
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
         self.visual.export(sink);
         self.text.export(sink);
     }

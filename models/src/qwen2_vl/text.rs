@@ -14,7 +14,7 @@ use crate::layers::{
     Linear, RmsNorm, SwiGluMlp, apply_rotary, attention, causal_padding_bias, inv_freq, repeat_kv,
     rope_tables,
 };
-use crate::weights::{Init, WeightSink, WeightSource};
+use crate::weights::{Init, WeightSource, WeightVisitor};
 
 /// Self-attention of one decoder layer.
 #[derive(Module, Debug)]
@@ -43,7 +43,7 @@ impl<B: Backend> TextAttention<B> {
         }
     }
 
-    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         self.q_proj.export(sink, &format!("{prefix}.q_proj"));
         self.k_proj.export(sink, &format!("{prefix}.k_proj"));
         self.v_proj.export(sink, &format!("{prefix}.v_proj"));
@@ -130,7 +130,7 @@ impl<B: Backend> DecoderLayer<B> {
         }
     }
 
-    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         self.input_layernorm
             .export(sink, &format!("{prefix}.input_layernorm"));
         self.self_attn.export(sink, &format!("{prefix}.self_attn"));
@@ -185,7 +185,7 @@ impl<B: Backend> TextModel<B> {
         }
     }
 
-    pub fn export(&self, sink: &mut WeightSink) {
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
         sink.put("model.embed_tokens.weight", self.embed_tokens.val());
         for (i, layer) in self.layers.iter().enumerate() {
             layer.export(sink, &format!("model.layers.{i}"));

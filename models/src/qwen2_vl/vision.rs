@@ -17,7 +17,7 @@ use crate::capabilities::ProcessedImage;
 use crate::layers::{
     LayerNorm, Linear, MASKED, RmsNorm, SwiGluMlp, apply_rotary, gelu_erf, inv_freq, quick_gelu,
 };
-use crate::weights::{Init, WeightSink, WeightSource};
+use crate::weights::{Init, WeightSource, WeightVisitor};
 
 /// Vision RoPE base (hard-coded in the reference `VisionRotaryEmbedding`).
 const VISION_ROPE_THETA: f64 = 10000.0;
@@ -39,7 +39,7 @@ impl<B: Backend> VisionNorm<B> {
         }
     }
 
-    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         match self {
             Self::Layer(n) => n.export(sink, prefix),
             Self::Rms(n) => n.export(sink, prefix),
@@ -81,7 +81,7 @@ impl<B: Backend> VisionMlp<B> {
         }
     }
 
-    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         match self {
             Self::QuickGelu(m) => {
                 m.fc1.export(sink, &format!("{prefix}.fc1"));
@@ -128,7 +128,7 @@ impl<B: Backend> VisionBlock<B> {
         }
     }
 
-    fn export(&self, sink: &mut WeightSink, prefix: &str) {
+    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
         self.norm1.export(sink, &format!("{prefix}.norm1"));
         self.norm2.export(sink, &format!("{prefix}.norm2"));
         self.qkv.export(sink, &format!("{prefix}.attn.qkv"));
@@ -213,8 +213,9 @@ impl<B: Backend> Default for VisionTrace<B> {
 /// The whole vision tower.
 #[derive(Module, Debug)]
 pub struct VisionTower<B: Backend> {
-    /// Conv3d weight flattened to `[width, in_channels·temporal·patch·patch]`.
-    pub patch_embed: Param<Tensor<B, 2>>,
+    /// Conv3d weight `[width, in_channels, temporal, patch, patch]`, applied as a matmul over
+    /// flattened patches.
+    pub patch_embed: Param<Tensor<B, 5>>,
     pub blocks: Vec<VisionBlock<B>>,
     pub merger_norm: VisionNorm<B>,
     pub merger_fc1: Linear<B>,
@@ -226,13 +227,11 @@ pub struct VisionTower<B: Backend> {
 impl<B: Backend> VisionTower<B> {
     pub fn load(src: &mut dyn WeightSource<B>, c: &VisionConfig, flavor: Flavor) -> Self {
         let p = c.patch_size;
-        let patch = src
-            .take(
-                "visual.patch_embed.proj.weight",
-                [c.width, c.in_channels, c.temporal_patch_size, p, p],
-                Init::Matrix,
-            )
-            .reshape([c.width, c.patch_dim()]);
+        let patch = src.take(
+            "visual.patch_embed.proj.weight",
+            [c.width, c.in_channels, c.temporal_patch_size, p, p],
+            Init::Matrix,
+        );
         let merged = c.width * c.spatial_merge_size * c.spatial_merge_size;
         let head_dim = c.width / c.num_heads;
         Self {
@@ -249,15 +248,8 @@ impl<B: Backend> VisionTower<B> {
         }
     }
 
-    pub fn export(&self, sink: &mut WeightSink) {
-        let c = &self.config;
-        let p = c.patch_size;
-        sink.put(
-            "visual.patch_embed.proj.weight",
-            self.patch_embed
-                .val()
-                .reshape([c.width, c.in_channels, c.temporal_patch_size, p, p]),
-        );
+    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
+        sink.put("visual.patch_embed.proj.weight", self.patch_embed.val());
         for (i, b) in self.blocks.iter().enumerate() {
             b.export(sink, &format!("visual.blocks.{i}"));
         }
@@ -349,7 +341,8 @@ impl<B: Backend> VisionTower<B> {
         let unit = c.spatial_merge_size * c.spatial_merge_size;
         let head_dim = c.width / c.num_heads;
 
-        let mut x = pixel_values.matmul(self.patch_embed.val().transpose());
+        let weight = self.patch_embed.val().reshape([c.width, c.patch_dim()]);
+        let mut x = pixel_values.matmul(weight.transpose());
         if let Some(t) = trace.as_deref_mut() {
             t.patch_embeds = Some(x.clone());
         }

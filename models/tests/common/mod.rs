@@ -1,0 +1,113 @@
+//! Shared helpers of the model tests: fixture discovery and safetensors reading.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+
+/// `FLOWRL_MODEL_FIXTURES`, or the repository's copy `tests/fixtures/models`.
+pub fn fixtures_root() -> PathBuf {
+    match std::env::var_os("FLOWRL_MODEL_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models"),
+    }
+}
+
+/// Model cases (folders with `case.json` and `config.json`, not `processor_only`) of the family
+/// folders `families` under the fixtures root; an absent family folder is skipped.
+pub fn model_cases(families: &[&str]) -> Vec<PathBuf> {
+    let root = fixtures_root();
+    let mut cases = Vec::new();
+    for fam in families {
+        let dir = root.join(fam);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            eprintln!("skipping family {fam}: {} is absent", dir.display());
+            continue;
+        };
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("case.json").is_file() && p.join("config.json").is_file())
+            .filter(|p| {
+                let text = std::fs::read_to_string(p.join("case.json")).unwrap_or_default();
+                let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                json.get("kind").and_then(|k| k.as_str()) != Some("processor_only")
+            })
+            .collect();
+        found.sort();
+        cases.extend(found);
+    }
+    cases
+}
+
+/// One tensor of a safetensors file, values widened to f64 (integers exactly).
+#[derive(Debug, Clone)]
+pub struct Array {
+    pub shape: Vec<usize>,
+    pub values: Vec<f64>,
+}
+
+impl Array {
+    pub fn as_i64(&self) -> Vec<i64> {
+        self.values.iter().map(|&v| v as i64).collect()
+    }
+}
+
+/// Every tensor of a safetensors file.
+pub fn read_safetensors(path: &Path) -> HashMap<String, Array> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).expect("valid safetensors");
+    let mut out = HashMap::new();
+    for (name, view) in st.tensors() {
+        let d = view.data();
+        let values: Vec<f64> = match view.dtype() {
+            Dtype::F32 => d
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+            Dtype::I64 => d
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+            Dtype::I32 => d
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+                .collect(),
+            Dtype::U8 => d.iter().map(|&b| b as f64).collect(),
+            other => panic!("{name}: unexpected dtype {other:?}"),
+        };
+        out.insert(
+            name,
+            Array {
+                shape: view.shape().to_vec(),
+                values,
+            },
+        );
+    }
+    out
+}
+
+/// `max |a − e|` over the entries where `keep` is true, and `max |e|` over the same entries.
+pub fn max_dev(actual: &[f32], expected: &[f64], keep: impl Fn(usize) -> bool) -> (f64, f64) {
+    assert_eq!(actual.len(), expected.len(), "length mismatch");
+    let mut dev = 0.0f64;
+    let mut scale = 0.0f64;
+    for i in 0..actual.len() {
+        if keep(i) {
+            let a = actual[i] as f64;
+            assert!(a.is_finite(), "non-finite value at {i}");
+            dev = dev.max((a - expected[i]).abs());
+            scale = scale.max(expected[i].abs());
+        }
+    }
+    (dev, scale)
+}
+
+/// A fresh empty temporary directory.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flowrl-models-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
