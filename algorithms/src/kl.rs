@@ -1,0 +1,128 @@
+//! Per-token KL estimators between the current and the reference policy: verl's
+//! `core_algos.kl_penalty` (Schulman's k1/k2/k3 approximations).
+//!
+//! With X = log π(a|s) (`logprob`) and Y = log π_ref(a|s) (`ref_logprob`):
+//!
+//! | name | value | d/dX |
+//! |---|---|---|
+//! | `kl`, `k1` | X − Y | 1 |
+//! | `abs` | \|X − Y\| | sign(X − Y) (0 at equality) |
+//! | `mse`, `k2` | ½(X − Y)² | X − Y |
+//! | `low_var_kl`, `k3` | d = clamp(Y − X, −20, 20); clamp(eᵈ − d − 1, −10, 10) | 1 − eᵈ, 0 where a clamp is active |
+//! | `<name>+` | value of `<name>` | X − Y (straight-through k2 gradient) |
+//!
+//! `full` needs the whole distribution and is not implemented (verl raises
+//! `NotImplementedError`; here [`AlgoError::NotImplemented`]). The same function serves as a
+//! differentiable loss term (`use_kl_loss`) and, on detached inputs, as a reward penalty
+//! (`use_kl_in_reward`, see [`kl_reward_penalty`]).
+
+use std::str::FromStr;
+
+use burn::prelude::*;
+
+use crate::error::{AlgoError, Result};
+use crate::tensor_util::check_same_shape;
+
+/// The base estimator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KlKind {
+    /// k1: X − Y.
+    K1,
+    /// |X − Y|.
+    Abs,
+    /// k2: ½(X − Y)².
+    K2,
+    /// k3 (low-variance KL) with its clamps.
+    K3,
+}
+
+/// A KL estimator: a base kind and whether its gradient is the straight-through k2 gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KlEstimator {
+    /// The forward value's estimator.
+    pub kind: KlKind,
+    /// `true` for the `+` variants: forward of `kind`, backward of k2.
+    pub straight_through: bool,
+}
+
+const KL_NAMES: &str = "kl, k1, abs, mse, k2, low_var_kl, k3 (each optionally with a '+' suffix)";
+
+impl FromStr for KlEstimator {
+    type Err = AlgoError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let (base, straight_through) = match s.strip_suffix('+') {
+            Some(b) => (b, true),
+            None => (s, false),
+        };
+        let kind = match base {
+            "kl" | "k1" => KlKind::K1,
+            "abs" => KlKind::Abs,
+            "mse" | "k2" => KlKind::K2,
+            "low_var_kl" | "k3" => KlKind::K3,
+            "full" => {
+                return Err(AlgoError::NotImplemented(format!(
+                    "kl_penalty {s:?} needs the full distributions and is not implemented (verl raises NotImplementedError)"
+                )));
+            }
+            _ => {
+                return Err(AlgoError::Unknown {
+                    kind: "kl_penalty",
+                    name: s.to_string(),
+                    expected: KL_NAMES.to_string(),
+                });
+            }
+        };
+        Ok(Self {
+            kind,
+            straight_through,
+        })
+    }
+}
+
+fn forward<B: Backend>(x: Tensor<B, 2>, y: Tensor<B, 2>, kind: KlKind) -> Tensor<B, 2> {
+    match kind {
+        KlKind::K1 => x.sub(y),
+        KlKind::Abs => x.sub(y).abs(),
+        KlKind::K2 => x.sub(y).square().mul_scalar(0.5),
+        KlKind::K3 => {
+            let d = y.sub(x).clamp(-20.0, 20.0);
+            let v = d.clone().exp().sub(d).sub_scalar(1.0);
+            v.clamp(-10.0, 10.0)
+        }
+    }
+}
+
+/// verl `kl_penalty(logprob, ref_logprob, kl_penalty)`: per-token estimates `[B, T]` (no mask
+/// applied), differentiable w.r.t. both inputs. See the module docs for the formulas.
+pub fn kl_penalty<B: Backend>(
+    logprob: Tensor<B, 2>,
+    ref_logprob: Tensor<B, 2>,
+    estimator: KlEstimator,
+) -> Result<Tensor<B, 2>> {
+    check_same_shape("ref_logprob vs logprob", logprob.dims(), ref_logprob.dims())?;
+    let value = forward(logprob.clone(), ref_logprob.clone(), estimator.kind);
+    if !estimator.straight_through {
+        return Ok(value);
+    }
+    // value − k2 + k2 with the first two detached: forward = value, gradient = k2's.
+    let k2 = forward(logprob, ref_logprob, KlKind::K2);
+    Ok(k2.clone().sub(k2.detach()).add(value.detach()))
+}
+
+/// The KL penalty used in the reward (`use_kl_in_reward`): the estimator on detached inputs,
+/// masked: `kl[b,t] · mask[b,t]`. The caller subtracts `β · kl` from the token-level reward.
+pub fn kl_reward_penalty<B: Backend>(
+    logprob: Tensor<B, 2>,
+    ref_logprob: Tensor<B, 2>,
+    response_mask: Tensor<B, 2>,
+    estimator: KlEstimator,
+) -> Result<Tensor<B, 2>> {
+    check_same_shape(
+        "response_mask vs logprob",
+        logprob.dims(),
+        response_mask.dims(),
+    )?;
+    let kl = kl_penalty(logprob.detach(), ref_logprob.detach(), estimator)?;
+    Ok(kl.mul(response_mask))
+}
