@@ -135,6 +135,25 @@ mod tests {
     }
 
     #[test]
+    fn jpeg_is_detected_by_magic_bytes_and_decoded() {
+        let img = RgbImage::from_pixel(16, 12, image::Rgb([200, 100, 50]));
+        let mut out = std::io::Cursor::new(Vec::new());
+        DynamicImage::ImageRgb8(img)
+            .write_to(&mut out, ImageFormat::Jpeg)
+            .unwrap();
+        let bytes = out.into_inner();
+        assert_eq!(EncodedFormat::sniff(&bytes), Some(EncodedFormat::Jpeg));
+        let rgb = decode_rgb(&bytes).unwrap();
+        assert_eq!(rgb.dimensions(), (16, 12));
+        // A flat colour survives JPEG within a few levels.
+        for p in rgb.pixels() {
+            for (c, want) in [200i32, 100, 50].iter().enumerate() {
+                assert!((i32::from(p.0[c]) - want).abs() <= 3, "{:?}", p.0);
+            }
+        }
+    }
+
+    #[test]
     fn unknown_and_truncated_bytes_are_errors() {
         let e = decode_rgb(b"GIF89a....").unwrap_err();
         assert!(e.contains("neither PNG nor JPEG"), "{e}");

@@ -586,30 +586,31 @@ impl BatchColumns<'_> {
 
         // Images.
         let mut images = Vec::new();
-        if let (Some(arr), Some(ik)) = (&self.images, cols.image_key.as_deref()) {
-            if let Some((range, values)) = list_at(arr.as_ref(), i) {
-                let items = values.as_struct();
-                let bytes = child(items, "bytes").expect("type checked");
-                let paths = child(items, "path");
-                for (k, j) in range.enumerate() {
-                    let p = paths
-                        .and_then(|p| str_at(p.as_ref(), j))
-                        .map(str::to_string);
-                    let b = if items.is_null(j) {
-                        None
-                    } else {
-                        bytes_at(bytes.as_ref(), j).map(<[u8]>::to_vec)
-                    };
-                    let b = match (b, &p) {
-                        (Some(b), _) => b,
-                        (None, Some(p)) => read_referenced(path, p)
-                            .map_err(|m| err(ik, format!("image {k}: {m}")))?,
-                        (None, None) => {
-                            return Err(err(ik, format!("image {k} has neither bytes nor a path")));
-                        }
-                    };
-                    images.push(EncodedImage { bytes: b, path: p });
-                }
+        if let (Some(arr), Some(ik)) = (&self.images, cols.image_key.as_deref())
+            && let Some((range, values)) = list_at(arr.as_ref(), i)
+        {
+            let items = values.as_struct();
+            let bytes = child(items, "bytes").expect("type checked");
+            let paths = child(items, "path");
+            for (k, j) in range.enumerate() {
+                let p = paths
+                    .and_then(|p| str_at(p.as_ref(), j))
+                    .map(str::to_string);
+                let b = if items.is_null(j) {
+                    None
+                } else {
+                    bytes_at(bytes.as_ref(), j).map(<[u8]>::to_vec)
+                };
+                let b = match (b, &p) {
+                    (Some(b), _) => b,
+                    (None, Some(p)) => {
+                        read_referenced(path, p).map_err(|m| err(ik, format!("image {k}: {m}")))?
+                    }
+                    (None, None) => {
+                        return Err(err(ik, format!("image {k} has neither bytes nor a path")));
+                    }
+                };
+                images.push(EncodedImage { bytes: b, path: p });
             }
         }
         let placeholders = count_placeholders(&messages);

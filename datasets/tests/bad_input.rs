@@ -142,6 +142,42 @@ fn valid_file_with_unknown_column_loads() {
 }
 
 #[test]
+fn image_referenced_by_path_only_is_read_relative_to_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pic.png"), png()).unwrap();
+    let fields = Fields::from(vec![
+        Field::new("bytes", DataType::Binary, true),
+        Field::new("path", DataType::Utf8, true),
+    ]);
+    let mut b = ListBuilder::new(StructBuilder::from_fields(fields, 0));
+    for path in ["pic.png", "absent.png"] {
+        let s = b.values();
+        s.field_builder::<BinaryBuilder>(0).unwrap().append_null();
+        s.field_builder::<StringBuilder>(1)
+            .unwrap()
+            .append_value(path);
+        s.append(true);
+        b.append(true);
+    }
+    let path = dir.path().join("by_path.parquet");
+    write(
+        &path,
+        vec![
+            ("images", Arc::new(b.finish()) as ArrayRef),
+            ("data_source", strings(&[Some("t"), Some("t")])),
+            ("prompt", prompts(&["<image>a", "<image>b"])),
+            ("reward_model", reward(&[Some("1"), Some("2")])),
+        ],
+    );
+    let e = read_err(&path, &ReadOptions::default());
+    assert!(
+        e.contains("row 1, column `images`: image 0: bytes are null and path"),
+        "{e}"
+    );
+    assert!(e.contains("absent.png cannot be read"), "{e}");
+}
+
+#[test]
 fn missing_column() {
     let dir = tempfile::tempdir().unwrap();
     let path = file_with(dir.path(), "missing.parquet", |c| {
@@ -345,7 +381,7 @@ fn overlong_row_under_each_truncation_policy() {
     assert!(full.len() > max);
 
     let e = PromptDataset::load(
-        &[path.clone()],
+        std::slice::from_ref(&path),
         enc.clone(),
         text_options(max, Truncation::Error, false),
     )
@@ -361,7 +397,7 @@ fn overlong_row_under_each_truncation_policy() {
     );
 
     let mut left = PromptDataset::load(
-        &[path.clone()],
+        std::slice::from_ref(&path),
         enc.clone(),
         text_options(max, Truncation::Left, false),
     )
@@ -372,7 +408,7 @@ fn overlong_row_under_each_truncation_policy() {
     assert_eq!(b.prompts[0].input_ids, full[full.len() - max..]);
 
     let mut right = PromptDataset::load(
-        &[path.clone()],
+        std::slice::from_ref(&path),
         enc.clone(),
         text_options(max, Truncation::Right, false),
     )
