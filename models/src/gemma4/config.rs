@@ -280,7 +280,7 @@ impl TextConfig {
                 .and_then(|o| o.num_key_value_heads)
                 .unwrap_or(self.num_key_value_heads);
             ensure!(
-                head_dim % 2 == 0 && self.num_attention_heads % num_kv_heads == 0,
+                head_dim.is_multiple_of(2) && self.num_attention_heads.is_multiple_of(num_kv_heads),
                 "layer {i}: head_dim {head_dim} must be even and {} heads a multiple of {num_kv_heads} KV heads",
                 self.num_attention_heads
             );

@@ -22,6 +22,9 @@ use crate::weights::{Init, WeightSource, WeightVisitor};
 
 const PREFIX: &str = "model.language_model";
 
+/// Keys and values `[B, KV, S, D]` of one layer.
+type Kv<B> = (Tensor<B, 4>, Tensor<B, 4>);
+
 /// GeGLU MLP of a decoder layer (`intermediate_size`, doubled on KV-shared layers when
 /// `use_double_wide_mlp`).
 #[derive(Module, Debug)]
@@ -345,8 +348,8 @@ impl<B: Backend> TextModel<B> {
         // Attention biases, one per window (None = full layers), and RoPE tables per
         // (head dim, rotating pairs, θ), built once per forward.
         let mut biases: Vec<(Option<usize>, Tensor<B, 4>)> = Vec::new();
-        let mut ropes: Vec<((usize, usize, u64), (Tensor<B, 4>, Tensor<B, 4>))> = Vec::new();
-        let mut kv_full: Vec<Option<(Tensor<B, 4>, Tensor<B, 4>)>> = vec![None; self.layers.len()];
+        let mut ropes: Vec<((usize, usize, u64), Kv<B>)> = Vec::new();
+        let mut kv_full: Vec<Option<Kv<B>>> = vec![None; self.layers.len()];
         let mut layer_outputs = Vec::new();
         let p = self.info.ple_dim;
         let mut h = embeds;
@@ -443,10 +446,10 @@ impl<B: Backend> DecoderLayer<B> {
         heads: usize,
         eps: f64,
         (cos, sin): (Tensor<B, 4>, Tensor<B, 4>),
-        kv_full: &[Option<(Tensor<B, 4>, Tensor<B, 4>)>],
-        cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+        kv_full: &[Option<Kv<B>>],
+        cache: Option<&mut Option<Kv<B>>>,
         bias: Tensor<B, 4>,
-    ) -> (Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>)) {
+    ) -> (Tensor<B, 3>, Kv<B>) {
         let [b, l, _] = x.dims();
         let (d, kvh) = (spec.head_dim, spec.num_kv_heads);
         let a = &self.self_attn;
