@@ -737,3 +737,83 @@ fn gemma4_load_names_every_bad_tensor() {
     assert!(err.contains("unexpected tensor unused"), "{err}");
     std::fs::remove_dir_all(&out).ok();
 }
+
+#[test]
+fn gemma4_layer_table_matches_case() {
+    for dir in cases() {
+        let case = Case::load(&dir);
+        let config = flowrl_models::gemma4::Gemma4Config::from_dir(&dir).unwrap();
+        let table = case.json["text_config"]["layers"].as_array().unwrap();
+        assert_eq!(config.layers.len(), table.len(), "{}", case.name);
+        let sources = &case.json["text_config"]["kv_shared_layer_sources"];
+        for (i, (spec, row)) in config.layers.iter().zip(table).enumerate() {
+            let ctx = format!("{} layer {i}", case.name);
+            assert_eq!(
+                spec.head_dim as u64,
+                row["head_dim"].as_u64().unwrap(),
+                "{ctx}"
+            );
+            assert_eq!(
+                spec.num_kv_heads as u64,
+                row["num_key_value_heads"].as_u64().unwrap(),
+                "{ctx}"
+            );
+            assert_eq!(
+                spec.intermediate_size as u64,
+                row["mlp_intermediate_size"].as_u64().unwrap(),
+                "{ctx}"
+            );
+            let window = match spec.kind {
+                flowrl_models::gemma4::config::LayerKind::Sliding { window } => Some(window as u64),
+                flowrl_models::gemma4::config::LayerKind::Full => None,
+            };
+            assert_eq!(window, row["sliding_window"].as_u64(), "{ctx}");
+            let expected_source = sources[i.to_string()].as_u64().map(|s| s as usize);
+            let source = match spec.kv {
+                flowrl_models::gemma4::config::KvSource::Own => None,
+                flowrl_models::gemma4::config::KvSource::Shared(s) => Some(s),
+            };
+            assert_eq!(source, expected_source, "{ctx}");
+            assert_eq!(
+                source.is_none(),
+                row["has_k_v_proj"].as_bool().unwrap(),
+                "{ctx}"
+            );
+        }
+    }
+}
+
+#[test]
+fn gemma4_random_model_is_usable() {
+    let Some(dir) = cases().into_iter().next() else {
+        return;
+    };
+    let dev = Default::default();
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let model = Model::<Cpu>::random(&text, &dev, 3).unwrap();
+    assert!(model.multimodal_positions().is_none());
+    let batch = PaddedBatch::left_pad(&[vec![2, 7, 9, 11], vec![2, 5]], 0);
+    let lm = model.causal_lm();
+    let logits = lm.lm_head(lm.forward_hidden(
+        batch.ids_tensor(&dev),
+        model.input_embeddings(&batch, &[], &dev).unwrap(),
+        model.position_ids(&batch, &[]).unwrap().tensor(&dev),
+        batch.mask_tensor(&dev),
+        None,
+    ));
+    let values = host(logits);
+    assert_eq!(values.len(), 2 * 4 * lm.vocab_size());
+    assert!(values.iter().all(|v| v.is_finite()));
+    assert!(values.iter().any(|v| *v != 0.0));
+    // Random clip bounds do not clip (±∞) and survive a save/load round trip.
+    let mut sink = WeightSink::default();
+    model.export(&mut sink);
+    let (shape, v) = sink
+        .get("model.vision_tower.encoder.layers.0.self_attn.q_proj.input_max")
+        .unwrap();
+    assert_eq!((shape, v), (&[][..], &[f32::INFINITY][..]));
+    let (shape, v) = sink
+        .get("model.language_model.layers.0.layer_scalar")
+        .unwrap();
+    assert_eq!((shape, v), (&[1usize][..], &[1.0f32][..]));
+}
