@@ -10,8 +10,11 @@
 //!    cubic convolution kernel with a = −0.5.
 //! 3. Weights become fixed point with 22 fraction bits (`PRECISION_BITS = 32 − 8 − 2`),
 //!    rounded half away from zero; a pixel is `clip8((2²¹ + Σ w_j · p_j) >> 22)`.
-//! 4. The horizontal pass runs first (only over the rows the vertical pass will read), then the
-//!    vertical pass, each rounding to uint8. A pass is skipped when its size does not change.
+//! 4. Two passes, each rounding to uint8; a pass is skipped when its size does not change.
+//!    Normally the horizontal pass runs first (only over the rows the vertical pass will read).
+//!    Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
+//!    pixels as the width: `Δh > 0 && Δh > 2·Δw` with `Δ = in − out` (the order changes the
+//!    result by up to a few LSB, so it matters for bit parity).
 
 use ::image::RgbImage;
 
@@ -58,18 +61,32 @@ pub fn pillow_resize(image: &RgbImage, width: u32, height: u32, filter: Filter) 
     let horizontal = Coefficients::new(in_w as usize, width as usize, filter);
     let mut vertical = Coefficients::new(in_h as usize, height as usize, filter);
 
+    let shrink_h = i64::from(in_h) - i64::from(height);
+    let shrink_w = i64::from(in_w) - i64::from(width);
+    let horizontal_first = !(shrink_h > 0 && shrink_h > 2 * shrink_w);
+
     let mut current = Planar::from_image(image);
-    if need_horizontal {
-        // Only the input rows the vertical pass will read.
-        let first = vertical.bounds[0].0;
-        let last = vertical.bounds.last().map(|&(lo, n)| lo + n).unwrap_or(0);
-        for bound in &mut vertical.bounds {
-            bound.0 -= first;
+    if horizontal_first {
+        if need_horizontal {
+            // Only the input rows the vertical pass will read.
+            let first = vertical.bounds[0].0;
+            let last = vertical.bounds.last().map(|&(lo, n)| lo + n).unwrap_or(0);
+            for bound in &mut vertical.bounds {
+                bound.0 -= first;
+            }
+            current = resample_horizontal(&current, first, last, &horizontal);
         }
-        current = resample_horizontal(&current, first, last, &horizontal);
-    }
-    if need_vertical {
-        current = resample_vertical(&current, &vertical);
+        if need_vertical {
+            current = resample_vertical(&current, &vertical);
+        }
+    } else {
+        if need_vertical {
+            current = resample_vertical(&current, &vertical);
+        }
+        if need_horizontal {
+            let rows = current.height;
+            current = resample_horizontal(&current, 0, rows, &horizontal);
+        }
     }
     current.into_image()
 }
@@ -229,6 +246,25 @@ mod tests {
             assert_eq!(out.dimensions(), (w, h));
             assert!(out.pixels().all(|p| p.0 == [200, 3, 128]), "{w}x{h}");
         }
+    }
+
+    #[test]
+    fn pass_order_follows_pillow_13() {
+        // Noise with hard edges, so that the two orders round differently.
+        let img = RgbImage::from_fn(100, 70, |x, y| {
+            let v = ((x * 7919 + y * 104_729) % 251) as u8;
+            ::image::Rgb([v, if v > 128 { 255 } else { 0 }, v / 3])
+        });
+        let h_then_v = |w, h| resize_bicubic(&resize_bicubic(&img, w, 70), w, h);
+        let v_then_h = |w, h| resize_bicubic(&resize_bicubic(&img, 100, h), w, h);
+        // Δh = 14 > 2·Δw = −24: vertical first.
+        let out = resize_bicubic(&img, 112, 56);
+        assert_eq!(out, v_then_h(112, 56));
+        assert_ne!(out, h_then_v(112, 56));
+        // Δh = 14, Δw = 14: horizontal first.
+        let out = resize_bicubic(&img, 86, 56);
+        assert_eq!(out, h_then_v(86, 56));
+        assert_ne!(out, v_then_h(86, 56));
     }
 
     #[test]
