@@ -99,6 +99,9 @@ pub struct TextConfig {
     pub tie_word_embeddings: Option<bool>,
     #[serde(default)]
     pub initializer_range: Option<f64>,
+    /// `null`/`false` only: bidirectional attention over image tokens is not implemented.
+    #[serde(default)]
+    pub use_bidirectional_attention: Option<serde_json::Value>,
 }
 
 fn default_max_positions() -> usize {
@@ -203,6 +206,20 @@ impl Gemma4Config {
         );
         ensure!(!t.enable_moe_block, "MoE blocks are not supported");
         ensure!(!t.attention_k_eq_v, "attention_k_eq_v is not supported");
+        ensure!(
+            t.use_bidirectional_attention
+                .as_ref()
+                .is_none_or(|v| v.is_null() || v == &serde_json::Value::Bool(false)),
+            "use_bidirectional_attention = {} is not supported (only null)",
+            t.use_bidirectional_attention
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_default()
+        );
+        ensure!(
+            t.hidden_size_per_layer_input > 0,
+            "hidden_size_per_layer_input = 0 (no per-layer embeddings) is not supported"
+        );
         ensure!(
             t.layer_types.len() == t.num_hidden_layers,
             "layer_types lists {} layers but num_hidden_layers is {}",
