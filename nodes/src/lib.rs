@@ -17,6 +17,7 @@ pub mod sequences;
 pub mod train;
 pub mod update_ppo;
 pub mod validate;
+pub mod exec;
 pub mod values;
 
 pub use values::{AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix};

@@ -1,0 +1,543 @@
+//! The `exec` node kind: an external program, in any language, as a node of the graph.
+//!
+//! ```toml
+//! [nodes.reward]
+//! kind    = "exec"
+//! command = ["python3", "examples/python_reward/reward.py"]
+//! inputs  = { rollouts = "rollout.rollouts" }
+//! timeout_s = 30
+//! restart = "on-failure"
+//! max_restarts = 2
+//! params  = { format_score = 0.1 }
+//! ```
+//!
+//! The program talks JSON lines over stdin/stdout (docs/exec-protocol.md): it first prints a
+//! handshake declaring its name, version, typed ports and parameters; then flowrl sends one
+//! request per step and the program answers with its outputs and metrics, or an error.
+//!
+//! The handshake happens when the graph is compiled ([`NodeKind::instantiate`]), so `flowrl
+//! validate` type-checks the wiring and the `params` table against what the program declares,
+//! like any built-in kind. The process started for that handshake is kept and becomes the node's
+//! process when the run builds the node: the program starts once per run, not per step or item.
+//!
+//! Failures: every call has a timeout (`timeout_s`; `start_timeout_s` for the handshake). A
+//! program that exits, hangs or prints something that is not JSON is a *fault*: its process is
+//! killed and, with `restart = "on-failure"`, a new one is started and the same request sent again
+//! (at most `max_restarts` times over the run); otherwise the step fails with the node's name, what
+//! happened and the tail of the program's stderr. An answer that is valid JSON but breaks the
+//! contract (an `error`, a missing or undeclared output, a wrong batch size) fails the step at once:
+//! the program is alive and would answer the same again. A step is never half-applied: outputs,
+//! metrics and warnings are taken only from a complete, fully checked answer.
+//!
+//! What this module does not do: it does not sandbox the program (it runs with flowrl's rights),
+//! and it sends no tensors but the per-token numbers of the text-level views in `wire`.
+
+mod process;
+mod protocol;
+mod wire;
+
+use flowrl_engine::node::NodeTable;
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, ParamType, Params,
+    PortSpec, StepContext,
+};
+use process::{Fault, Process, seconds};
+use protocol::{Declared, Hello, Request, Response};
+use serde::Deserialize;
+use serde_json::Value as Json;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wire::OutValue;
+
+pub use protocol::PROTOCOL_VERSION;
+
+/// The kind's name in graphs.
+pub const KIND: &str = "exec";
+
+const DEFAULT_START_TIMEOUT_S: f64 = 30.0;
+
+/// `restart = ...`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Restart {
+    Never,
+    OnFailure,
+}
+
+/// The node table's parameters (the program's own are in `params`).
+#[derive(Debug, Clone, Deserialize)]
+struct ExecParams {
+    command: Vec<String>,
+    timeout_s: f64,
+    start_timeout_s: f64,
+    restart: Restart,
+    max_restarts: u32,
+    #[serde(default)]
+    params: Json,
+}
+
+/// The parameters of every exec node; `program` is the program's declared parameters (the schema
+/// of the `params` table), `None` for the kind before any handshake.
+fn exec_params(program: Option<&[ParamSpec]>) -> Vec<ParamSpec> {
+    let params_doc = "parameters forwarded to the program with every request, checked against \
+                      the ones it declares in its handshake";
+    let params = match program {
+        None => ParamSpec::any("params").doc(params_doc),
+        Some(fields) => {
+            let mut p = ParamSpec::table("params", fields.to_vec()).doc(params_doc);
+            if fields.iter().any(|f| f.required) {
+                p = p.required();
+            } else if fields.iter().all(|f| f.default.is_none()) {
+                p = p.default(serde_json::json!({}));
+            }
+            p
+        }
+    };
+    vec![
+        ParamSpec::array("command", ParamType::String)
+            .required()
+            .doc(
+                "the program and its arguments, e.g. [\"python3\", \"reward.py\"]; a program name \
+                  without `/` is looked up in PATH, relative paths start at the working directory",
+            ),
+        ParamSpec::float("timeout_s")
+            .default(60.0)
+            .gt(0.0)
+            .doc("seconds the program may take to answer one step"),
+        ParamSpec::float("start_timeout_s")
+            .default(DEFAULT_START_TIMEOUT_S)
+            .gt(0.0)
+            .doc("seconds the program may take to print its handshake after it starts"),
+        ParamSpec::one_of("restart", &["never", "on-failure"])
+            .default("never")
+            .doc(
+                "on a crash, hang or garbled answer: fail the step (`never`) or start the \
+                  program again and resend the request (`on-failure`)",
+            ),
+        ParamSpec::int("max_restarts")
+            .default(3)
+            .min(0.0)
+            .doc("with `on-failure`: how many restarts are allowed over the whole run"),
+        params,
+    ]
+}
+
+/// The command as shown in messages.
+fn show(command: &[String]) -> String {
+    command
+        .iter()
+        .map(|a| {
+            if a.is_empty() || a.contains(char::is_whitespace) {
+                format!("'{a}'")
+            } else {
+                a.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// "\nthe last lines of its stderr:\n  | ..." or "" when it wrote nothing.
+fn stderr_text(lines: &[String]) -> String {
+    if lines.is_empty() {
+        return "\n(it wrote nothing to stderr)".into();
+    }
+    let mut s = String::from("\nthe last lines of its stderr:");
+    for l in lines {
+        s.push_str("\n  | ");
+        s.push_str(l);
+    }
+    s
+}
+
+/// Starts the program and reads its handshake. Errors say what went wrong (without the node
+/// name) and carry the stderr tail.
+fn start(command: &[String], node: &str, timeout: Duration) -> Result<(Process, Hello), String> {
+    let mut p = Process::spawn(command, node).map_err(|f| f.to_string())?;
+    let line = match p.recv(timeout) {
+        Ok(line) => line,
+        Err(f) => {
+            if matches!(f, Fault::Timeout(_)) {
+                p.kill();
+            }
+            let what = match f {
+                Fault::Timeout(t) => format!("printed no handshake within {}", seconds(t)),
+                other => format!("{other} before its handshake"),
+            };
+            return Err(format!("{what}{}", stderr_text(&p.stderr_tail())));
+        }
+    };
+    match protocol::parse_hello(&line) {
+        Ok(h) => Ok((p, h)),
+        Err(e) => {
+            p.kill();
+            Err(format!("{e}{}", stderr_text(&p.stderr_tail())))
+        }
+    }
+}
+
+/// The `exec` kind as registered: its ports and parameters come from each node's program, so
+/// [`NodeKind::instantiate`] replaces it by an [`ExecProgram`] for every exec node.
+pub struct Exec;
+
+impl NodeKind for Exec {
+    fn name(&self) -> &str {
+        KIND
+    }
+    fn doc(&self) -> &str {
+        "Runs an external program (any language) as a node, over JSON lines on stdin/stdout.\n\
+         The program declares its typed ports and its parameters in a handshake when the graph is \
+         checked, so the wiring and `params` are validated like a built-in node's; it starts once \
+         per run and answers one request per step. Protocol: docs/exec-protocol.md."
+    }
+    fn inputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+    fn outputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+    fn params(&self) -> Vec<ParamSpec> {
+        exec_params(None)
+    }
+    fn instantiate(
+        &self,
+        node: &NodeTable<'_>,
+    ) -> Result<Option<Arc<dyn NodeKind>>, Vec<Diagnostic>> {
+        let name = node.name();
+        let command: Vec<String> = match node.get("command") {
+            None => {
+                return Err(vec![
+                    node.error("command", format!("exec node `{name}` has no `command`"))
+                        .with_help("add `command = [\"program\", \"arg\", ...]`"),
+                ]);
+            }
+            Some(v) => match serde_json::from_value::<Vec<String>>(v) {
+                Ok(c) if !c.is_empty() => c,
+                _ => {
+                    return Err(vec![
+                        node.error(
+                            "command",
+                            format!(
+                                "`command` of exec node `{name}` must be a non-empty array of strings"
+                            ),
+                        )
+                        .with_help("e.g. `command = [\"python3\", \"reward.py\"]`"),
+                    ]);
+                }
+            },
+        };
+        let timeout = node
+            .get("start_timeout_s")
+            .and_then(|v| v.as_f64())
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .unwrap_or(DEFAULT_START_TIMEOUT_S);
+        let cmd = show(&command);
+        let (process, hello) = start(&command, name, Duration::from_secs_f64(timeout))
+            .map_err(|e| vec![node.error("command", format!("exec node `{name}`: `{cmd}` {e}"))])?;
+        let declared = protocol::check_hello(&hello).map_err(|errs| {
+            errs.into_iter()
+                .map(|e| {
+                    node.error(
+                        "command",
+                        format!("exec node `{name}`: program `{}` (`{cmd}`) {e}", hello.name),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })?;
+        let summary = if hello.doc.is_empty() {
+            format!("External program `{}` {}.", hello.name, hello.version)
+        } else {
+            hello.doc.clone()
+        };
+        let doc = format!(
+            "{summary}\n(exec node: program `{}` version {}, command `{cmd}`)",
+            hello.name, hello.version
+        );
+        Ok(Some(Arc::new(ExecProgram {
+            command,
+            hello,
+            declared,
+            doc,
+            probe: Mutex::new(Some(process)),
+        })))
+    }
+    fn build(&self, _: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        anyhow::bail!(
+            "exec node `{}` was not instantiated from its program's handshake",
+            ctx.node
+        )
+    }
+}
+
+flowrl_engine::register_node_kind!(Exec);
+
+/// The `exec` kind specialized for one node: the ports and parameters its program declared. It
+/// holds the process started for the handshake until the node is built.
+pub struct ExecProgram {
+    command: Vec<String>,
+    hello: Hello,
+    declared: Declared,
+    doc: String,
+    probe: Mutex<Option<Process>>,
+}
+
+impl ExecProgram {
+    /// The program's handshake.
+    pub fn program_name(&self) -> &str {
+        &self.hello.name
+    }
+    pub fn program_version(&self) -> &str {
+        &self.hello.version
+    }
+}
+
+impl NodeKind for ExecProgram {
+    fn name(&self) -> &str {
+        KIND
+    }
+    fn doc(&self) -> &str {
+        &self.doc
+    }
+    fn inputs(&self) -> Vec<PortSpec> {
+        self.declared.inputs.clone()
+    }
+    fn outputs(&self) -> Vec<PortSpec> {
+        self.declared.outputs.clone()
+    }
+    fn params(&self) -> Vec<ParamSpec> {
+        exec_params(Some(&self.declared.params))
+    }
+    fn build(&self, params: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        let p: ExecParams = params.parse()?;
+        let process = self
+            .probe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .filter(|_| p.command == self.command);
+        let params = if p.params.is_null() {
+            Json::Object(Default::default())
+        } else {
+            p.params.clone()
+        };
+        let carrier = self
+            .declared
+            .inputs
+            .iter()
+            .find(|s| !s.optional && wire::carries_rollouts(s.ty))
+            .map(|s| s.name.clone());
+        Ok(Box::new(ExecNode {
+            node: ctx.node.clone(),
+            cmd: show(&p.command),
+            p,
+            params,
+            hello: self.hello.clone(),
+            outputs: self.declared.outputs.clone(),
+            carrier,
+            process,
+            restarts: 0,
+        }))
+    }
+}
+
+/// A running exec node.
+struct ExecNode {
+    node: String,
+    cmd: String,
+    p: ExecParams,
+    /// The `params` table sent with every request.
+    params: Json,
+    hello: Hello,
+    outputs: Vec<PortSpec>,
+    /// The input whose batch of responses the outputs are attached to.
+    carrier: Option<String>,
+    process: Option<Process>,
+    restarts: u32,
+}
+
+/// Why a call failed.
+enum CallError {
+    /// The process is unusable (exited, hung, garbled); a restart may help.
+    Fault(String),
+    /// The program answered but broke the contract, or cannot be started as validated.
+    Fatal(String),
+}
+
+impl ExecNode {
+    fn fail(&self, what: impl std::fmt::Display) -> anyhow::Error {
+        anyhow::anyhow!("exec node `{}` (`{}`): {what}", self.node, self.cmd)
+    }
+
+    /// Starts the program (again) and checks that it declares what was validated.
+    fn restart_process(&mut self) -> Result<(), CallError> {
+        let timeout = Duration::from_secs_f64(self.p.start_timeout_s);
+        let (process, hello) = start(&self.p.command, &self.node, timeout)
+            .map_err(|e| CallError::Fault(format!("the program {e}")))?;
+        if hello != self.hello {
+            return Err(CallError::Fatal(format!(
+                "the program's handshake changed since the graph was checked (now `{}` {}); \
+                 check the graph again",
+                hello.name, hello.version
+            )));
+        }
+        self.process = Some(process);
+        Ok(())
+    }
+
+    /// Sends one request line and reads one answer line; `step` is 1-based, for messages.
+    fn call(&mut self, line: &str, step: u64) -> Result<Response, CallError> {
+        if self.process.is_none() {
+            self.restart_process()?;
+        }
+        let timeout = Duration::from_secs_f64(self.p.timeout_s);
+        let proc = self.process.as_mut().expect("started");
+        let answer = proc.send(line).and_then(|_| proc.recv(timeout));
+        let fault = match answer {
+            Ok(answer) => match serde_json::from_str::<Json>(&answer) {
+                Ok(json) => {
+                    return serde_json::from_value::<Response>(json).map_err(|e| {
+                        CallError::Fatal(format!(
+                            "answered step {step} with an invalid response ({e}): `{}`; expected \
+                             `{{\"outputs\": {{..}}, \"metrics\": {{..}}}}` or `{{\"error\": \"..\"}}`",
+                            protocol::excerpt(&answer)
+                        ))
+                    });
+                }
+                Err(e) => format!(
+                    "answered step {step} with a line that is not JSON ({e}): `{}`; logs belong on \
+                     stderr",
+                    protocol::excerpt(&answer)
+                ),
+            },
+            Err(Fault::Timeout(t)) => format!("did not answer step {step} within {}", seconds(t)),
+            Err(f) => format!("{f} while handling step {step}"),
+        };
+        let mut proc = self.process.take().expect("started");
+        proc.kill();
+        Err(CallError::Fault(format!(
+            "the program {fault}{}",
+            stderr_text(&proc.stderr_tail())
+        )))
+    }
+}
+
+impl Node for ExecNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
+        let step = ctx.step();
+        let mut sent = BTreeMap::new();
+        for (port, value) in inputs.iter() {
+            let json =
+                wire::to_json(value).map_err(|e| self.fail(format!("input `{port}` {e}")))?;
+            sent.insert(port.to_string(), json);
+        }
+        let line = serde_json::to_string(&Request {
+            step,
+            params: &self.params,
+            inputs: sent,
+        })?;
+        let response = loop {
+            match self.call(&line, step + 1) {
+                Ok(r) => break r,
+                Err(CallError::Fatal(e)) => return Err(self.fail(e)),
+                Err(CallError::Fault(e)) => {
+                    let allowed =
+                        self.p.restart == Restart::OnFailure && self.restarts < self.p.max_restarts;
+                    if !allowed {
+                        let hint = match self.p.restart {
+                            Restart::Never => {
+                                "\n(restart = \"never\": the run stops here)".to_string()
+                            }
+                            Restart::OnFailure => format!(
+                                "\n(all {} restarts allowed by max_restarts are used)",
+                                self.p.max_restarts
+                            ),
+                        };
+                        return Err(self.fail(format!("{e}{hint}")));
+                    }
+                    self.restarts += 1;
+                    ctx.warn(format!(
+                        "exec node `{}`: {}; restarting it ({} of {} restarts)",
+                        self.node,
+                        e.lines().next().unwrap_or_default(),
+                        self.restarts,
+                        self.p.max_restarts
+                    ));
+                }
+            }
+        };
+        self.apply(response, inputs, ctx)
+            .map_err(|e| self.fail(format!("step {}: {e}", step + 1)))
+    }
+}
+
+impl ExecNode {
+    /// Checks a whole answer, then records it: nothing is applied unless everything is valid.
+    fn apply(
+        &self,
+        r: Response,
+        inputs: &Inputs,
+        ctx: &mut StepContext,
+    ) -> Result<Outputs, String> {
+        if let Some(e) = r.error {
+            return Err(format!("the program reported an error: {e}"));
+        }
+        let Some(mut values) = r.outputs else {
+            return Err("the program answered with neither `outputs` nor `error`".into());
+        };
+        let mut metrics = Vec::new();
+        for (name, v) in r.metrics {
+            match v.as_f64().filter(|x| x.is_finite()) {
+                Some(x) => metrics.push((name, x)),
+                None => return Err(format!("metric `{name}` is not a finite number: {v}")),
+            }
+        }
+        if let Some(extra) = values
+            .keys()
+            .find(|k| !self.outputs.iter().any(|o| &o.name == *k))
+        {
+            let declared: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
+            return Err(format!(
+                "the program returned output `{extra}`, which it did not declare (declared: {})",
+                if declared.is_empty() {
+                    "none".to_string()
+                } else {
+                    declared.join(", ")
+                }
+            ));
+        }
+        let batch = match &self.carrier {
+            Some(port) => inputs.value(port).and_then(wire::rollouts_of),
+            None => None,
+        };
+        let mut out = Outputs::new();
+        for spec in &self.outputs {
+            let Some(json) = values.remove(&spec.name) else {
+                return Err(format!(
+                    "the program did not return output `{}` ({})",
+                    spec.name, spec.ty
+                ));
+            };
+            let batch = batch.as_ref().ok_or_else(|| {
+                format!(
+                    "no batch of responses on input to attach `{}` to",
+                    spec.name
+                )
+            })?;
+            let v = wire::from_json(spec.ty, json, batch)
+                .map_err(|e| format!("output `{}` {e}", spec.name))?;
+            out = match v {
+                OutValue::Scores(s) => out.with_opaque(spec.name.clone(), s),
+                OutValue::Advantages(a) => out.with_opaque(spec.name.clone(), a),
+                OutValue::LogProbs(l) => out.with_opaque(spec.name.clone(), l),
+            };
+        }
+        for (name, x) in metrics {
+            ctx.metric(&name, x);
+        }
+        for w in r.warnings {
+            ctx.warn(format!("exec node `{}`: {w}", self.node));
+        }
+        Ok(out)
+    }
+}
