@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod dataset_parquet;
+pub mod eval;
 pub mod logprob;
 pub mod model_resource;
 pub mod optim;
@@ -16,8 +17,8 @@ pub mod rollout;
 pub mod sequences;
 pub mod train;
 pub mod update_ppo;
+pub mod update_sft;
 pub mod validate;
-pub mod exec;
 pub mod values;
 
 pub use values::{AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix};

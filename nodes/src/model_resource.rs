@@ -77,8 +77,10 @@ pub struct ModelResource {
 }
 
 impl ModelResource {
-    /// Loads a Hugging Face directory (see the module doc for the checks).
-    pub fn load(name: &str, dir: &Path, trainable: bool) -> Result<Self> {
+    /// Loads a Hugging Face directory (see the module doc for the checks). With `random_seed`,
+    /// the weights are not read: they are drawn from the directory's config.json
+    /// (`Model::random`), which is how the tiny default model starts its SFT warm start.
+    pub fn load(name: &str, dir: &Path, trainable: bool, random_seed: Option<u64>) -> Result<Self> {
         ensure!(
             dir.is_dir(),
             "model `{name}`: directory `{}` does not exist",
@@ -90,8 +92,15 @@ impl ModelResource {
             dir.display()
         );
         let device = TrainDevice::default();
-        let model = Model::<TrainBackend>::load(dir, &device)
-            .with_context(|| format!("model `{name}`: loading {}", dir.display()))?;
+        let model = match random_seed {
+            None => Model::<TrainBackend>::load(dir, &device)
+                .with_context(|| format!("model `{name}`: loading {}", dir.display()))?,
+            Some(seed) => {
+                let config = std::fs::read_to_string(dir.join("config.json"))?;
+                Model::<TrainBackend>::random(&config, &device, seed)
+                    .with_context(|| format!("model `{name}`: random init from {}", dir.display()))?
+            }
+        };
         let tokenizer = if dir.join("tokenizer.json").is_file() {
             let t = flowrl_datasets::encoder::load_tokenizer(dir)?;
             let vocab = t.get_vocab_size(true);
@@ -215,6 +224,7 @@ struct ModelParams {
     from: Option<String>,
     trainable: Option<bool>,
     dtype: String,
+    init: String,
 }
 
 impl ResourceKind for ModelKind {
@@ -237,6 +247,9 @@ impl ResourceKind for ModelKind {
             ParamSpec::path("path").doc("Hugging Face model directory (config.json, safetensors, tokenizer)"),
             ParamSpec::resource("from", "model").doc("copy this model resource's initial weights, frozen"),
             ParamSpec::bool("trainable").doc("whether update nodes may train it (default: true for `path`, false for `from`)"),
+            ParamSpec::one_of("init", &["pretrained", "random"])
+                .default("pretrained")
+                .doc("`random`: ignore the weight files and draw weights from config.json (seeded by the run seed)"),
             ParamSpec::one_of("dtype", &["f32", "bf16", "f16"])
                 .default("f32")
                 .doc("weight precision (f32 on CPU)"),
@@ -287,7 +300,10 @@ impl ResourceKind for ModelKind {
         let p: ModelParams = params.parse()?;
         ensure!(p.dtype == "f32", "model `{}`: dtype `{}` is not supported on this build", ctx.node, p.dtype);
         let resource = match (p.path, p.from) {
-            (Some(path), None) => ModelResource::load(&ctx.node, &path, p.trainable.unwrap_or(true))?,
+            (Some(path), None) => {
+                let seed = (p.init == "random").then(|| ctx.init_seed());
+                ModelResource::load(&ctx.node, &path, p.trainable.unwrap_or(true), seed)?
+            }
             (None, Some(from)) => {
                 let source = ctx.resource::<ModelResource>(&from)?;
                 source.frozen_copy(&ctx.node)

@@ -47,7 +47,7 @@ use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{OptimParams, guarded_step, optim_param_specs, rows_tensor, scalar};
 use crate::validate::{upstream_batch_size, upstream_rollout_n};
-use crate::values::{AdvantageBatch, RolloutBatch, TokenLogProbs, port_types};
+use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
 
 /// The `update.ppo` kind.
 pub struct PpoUpdateKind;
@@ -102,7 +102,8 @@ impl NodeKind for PpoUpdateKind {
     }
 
     fn outputs(&self) -> Vec<PortSpec> {
-        Vec::new()
+        vec![PortSpec::new("done", PortType::new(port_types::MODEL_UPDATE))
+            .doc("the update counters; wire into `eval.after` to evaluate the updated weights")]
     }
 
     fn params(&self) -> Vec<ParamSpec> {
@@ -310,6 +311,10 @@ impl Node for PpoUpdateNode {
                 }
             }
         }
+        let done = ModelUpdate {
+            optimizer_steps: state.counters.optimizer_steps,
+            skipped_steps: state.counters.skipped_steps,
+        };
         drop(state);
         if sums.skipped > 0 {
             ctx.warn(format!(
@@ -337,7 +342,7 @@ impl Node for PpoUpdateNode {
         }
         ctx.metric("actor/lr", lr);
         ctx.metric("actor/skipped_steps", sums.skipped as f64);
-        Ok(Outputs::new())
+        Ok(Outputs::new().with("done", done))
     }
 }
 

@@ -13,6 +13,7 @@
 //! | `Scores`        | [`ScoreBatch`]       | `reward.*`                        |
 //! | `TokenLogProbs` | [`TokenLogProbs`]    | `logprob`                         |
 //! | `Advantages`    | [`AdvantageBatch`]   | `advantage.*`                     |
+//! | `ModelUpdate`   | [`ModelUpdate`]      | `update.*` (orders `eval` after the update) |
 //!
 //! What this module does not do: no tensors, no model calls; only shapes, accessors and the
 //! consistency checks (`check`) that producers run before emitting a value.
@@ -34,6 +35,8 @@ pub mod port_types {
     pub const TOKEN_LOG_PROBS: &str = "TokenLogProbs";
     /// [`super::AdvantageBatch`].
     pub const ADVANTAGES: &str = "Advantages";
+    /// [`super::ModelUpdate`].
+    pub const MODEL_UPDATE: &str = "ModelUpdate";
 }
 
 /// A `[rows, cols]` f32 matrix stored row-major; the common shape of every per-token value.
@@ -250,4 +253,14 @@ impl AdvantageBatch {
         );
         Ok(())
     }
+}
+
+/// What an update node did to its model this step. Wiring it into `eval.after` makes the
+/// evaluation see the weights after this step's update (and makes the order deterministic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ModelUpdate {
+    /// Optimizer steps applied so far (whole run).
+    pub optimizer_steps: u64,
+    /// Optimizer steps skipped so far because of a non-finite loss or gradient norm.
+    pub skipped_steps: u64,
 }

@@ -255,12 +255,12 @@ mod tests {
     use burn::module::Module;
     use burn::nn::{Linear, LinearConfig};
 
-    type B = Autodiff<Flex>;
+    type AB = Autodiff<Flex>;
 
-    #[derive(Module, Debug, Clone)]
-    struct Net<Bk: Backend> {
-        a: Linear<Bk>,
-        b: Linear<Bk>,
+    #[derive(Module, Debug)]
+    struct Net<B: Backend> {
+        a: Linear<B>,
+        b: Linear<B>,
     }
 
     /// The scalar torch AdamW recurrence, written out independently.
@@ -277,11 +277,11 @@ mod tests {
         p
     }
 
-    fn values<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    fn values<const D: usize>(t: Tensor<AB, D>) -> Vec<f32> {
         t.into_data().convert::<f32>().into_vec().unwrap()
     }
 
-    fn net() -> Net<B> {
+    fn net() -> Net<AB> {
         let device = Default::default();
         Net {
             a: LinearConfig::new(3, 2).init(&device),
@@ -290,11 +290,11 @@ mod tests {
     }
 
     /// Gradients of `sum(b(a(x)))` for a fixed x, with their values read back.
-    fn grads_of(model: &Net<B>, scale: f32) -> GradientsParams {
+    fn grads_of(model: &Net<AB>, scale: f32) -> GradientsParams {
         let device = Default::default();
-        let x = Tensor::<B, 2>::from_data([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]], &device);
+        let x = Tensor::<AB, 2>::from_data([[1.0, -2.0, 0.5], [0.3, 0.1, -1.0]], &device);
         let loss = model.b.forward(model.a.forward(x)).sum().mul_scalar(scale);
-        GradientsParams::from_grads::<B, _>(loss.backward(), model)
+        GradientsParams::from_grads::<AB, _>(loss.backward(), model)
     }
 
     #[test]
@@ -302,7 +302,7 @@ mod tests {
         let c = AdamWConfig::default();
         let lr = 0.05;
         let mut model = net();
-        let mut opt = AdamW::<B>::new(c);
+        let mut opt = AdamW::<AB>::new(c);
         let w0 = values(model.a.weight.val());
         let mut history: Vec<Vec<f32>> = Vec::new();
         let mut ws = vec![w0.clone()];
@@ -311,7 +311,7 @@ mod tests {
             let g: Vec<f32> = values(
                 grads
                     .get::<Flex, 2>(model.a.weight.id)
-                    .map(Tensor::<B, 2>::from_inner)
+                    .map(Tensor::<AB, 2>::from_inner)
                     .unwrap(),
             );
             history.push(g);
@@ -337,7 +337,7 @@ mod tests {
     fn state_round_trips_through_a_file_into_a_new_model() {
         let c = AdamWConfig::default();
         let mut model = net();
-        let mut opt = AdamW::<B>::new(c);
+        let mut opt = AdamW::<AB>::new(c);
         for _ in 0..2 {
             let grads = grads_of(&model, 1.0);
             model = opt.step(0.01, model, grads);
@@ -348,9 +348,9 @@ mod tests {
         opt.save(&file).unwrap();
 
         // A "reloaded" model: same weights, fresh ParamIds.
-        let record = <Net<B> as Module<B>>::into_record(model.clone());
-        let mut reloaded = <Net<B> as Module<B>>::load_record(net(), record);
-        let mut restored = AdamW::<B>::new(AdamWConfig {
+        let record = <Net<AB> as Module<AB>>::into_record(model.clone());
+        let mut reloaded = <Net<AB> as Module<AB>>::load_record(net(), record);
+        let mut restored = AdamW::<AB>::new(AdamWConfig {
             eps: 1.0,
             ..c
         });

@@ -1,0 +1,181 @@
+//! The `eval` node kind: greedy generation on the validation prompts every `every` steps (and at
+//! the last step), scored with a rule-based reward; metrics per `data_source`.
+//!
+//! Wire `prompts` to the dataset node's `val_prompts` and, to evaluate the weights after the
+//! step's update (and keep the order deterministic), `after` to the update node's `done`.
+//!
+//! Metrics: `val/<data_source>/score` (mean reward), `val/<data_source>/accuracy` (mean of the
+//! reward's `acc` component when it has one, else of the reward), `val/score` and `val/accuracy`
+//! over all prompts, `val/response_length/mean`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Result;
+use flowrl_algorithms::rewards::{BuiltinReward, RewardFunction};
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
+    PortType, StepContext, ValidateCtx,
+};
+use serde::Deserialize;
+
+use crate::model_resource::ModelResource;
+use crate::rollout::{RolloutParams, generation_param_specs, sample_rollouts, stop_token_ids};
+use crate::values::{PromptBatch, port_types};
+
+/// The `eval` kind.
+pub struct EvalKind;
+
+#[derive(Debug, Clone, Deserialize)]
+struct EvalParams {
+    model: String,
+    every: u64,
+    reward: String,
+    batch_size: usize,
+    max_new_tokens: usize,
+    #[serde(default)]
+    stop: Vec<String>,
+}
+
+impl NodeKind for EvalKind {
+    fn name(&self) -> &str {
+        "eval"
+    }
+
+    fn doc(&self) -> &str {
+        "Greedy generation on the validation prompts every `every` steps; reward and accuracy per \
+         data_source (val/<data_source>/score, val/<data_source>/accuracy)."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![
+            PortSpec::new("prompts", PortType::new(port_types::PROMPTS))
+                .doc("the validation prompts (dataset `val_prompts`)"),
+            PortSpec::new("after", PortType::new(port_types::MODEL_UPDATE))
+                .optional()
+                .doc("an update node's `done`: evaluate after that update"),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let mut p = vec![
+            ParamSpec::resource("model", "model").required().doc("the model to evaluate"),
+            ParamSpec::int("every").default(5).min(1.0).doc("evaluate every N steps (and at the last step)"),
+            ParamSpec::one_of("reward", &["geo3k", "exact_match", "format"])
+                .default("geo3k")
+                .doc("rule-based reward used for scoring"),
+            ParamSpec::int("batch_size").default(64).min(1.0).doc("prompts per generation batch"),
+        ];
+        p.extend(
+            generation_param_specs()
+                .into_iter()
+                .filter(|s| s.name == "max_new_tokens" || s.name == "stop"),
+        );
+        p
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        crate::rollout::validate_generation(ctx)
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: EvalParams = params.parse()?;
+        let model = ctx.resource::<ModelResource>(&p.model)?;
+        let reward = BuiltinReward::from_name(&p.reward)?;
+        let stop_ids = stop_token_ids(&model, &p.stop)?;
+        Ok(Box::new(EvalNode {
+            p,
+            model,
+            reward,
+            stop_ids,
+        }))
+    }
+}
+
+struct EvalNode {
+    p: EvalParams,
+    model: Arc<ModelResource>,
+    reward: BuiltinReward,
+    stop_ids: Vec<u32>,
+}
+
+#[derive(Default)]
+struct SourceStats {
+    score: f64,
+    accuracy: f64,
+    count: usize,
+}
+
+impl Node for EvalNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        if ctx.step() % self.p.every != 0 && !ctx.is_last_step() {
+            return Ok(Outputs::new());
+        }
+        let prompts = inputs.get_arc::<PromptBatch>("prompts")?;
+        let params = RolloutParams {
+            model: self.p.model.clone(),
+            n: 1,
+            max_new_tokens: self.p.max_new_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            greedy: true,
+            stop: Vec::new(),
+        };
+        let mut per_source: BTreeMap<String, SourceStats> = BTreeMap::new();
+        let mut lengths = 0usize;
+        let mut total = 0usize;
+        for chunk in split(&prompts, self.p.batch_size) {
+            let rollouts = sample_rollouts(&self.model, &Arc::new(chunk), &params, &self.stop_ids, ctx)?;
+            for r in 0..rollouts.len() {
+                let s = self.reward.score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
+                let acc = s
+                    .components
+                    .iter()
+                    .find(|(name, _)| name == "acc")
+                    .map(|(_, v)| *v)
+                    .unwrap_or(s.score);
+                let e = per_source.entry(rollouts.data_source[r].clone()).or_default();
+                e.score += s.score;
+                e.accuracy += acc;
+                e.count += 1;
+                lengths += rollouts.response_ids[r].len();
+                total += 1;
+            }
+        }
+        let (mut score, mut accuracy) = (0.0, 0.0);
+        for (source, s) in &per_source {
+            let n = s.count as f64;
+            ctx.metric(format!("val/{source}/score"), s.score / n);
+            ctx.metric(format!("val/{source}/accuracy"), s.accuracy / n);
+            score += s.score;
+            accuracy += s.accuracy;
+        }
+        if total > 0 {
+            ctx.metric("val/score", score / total as f64);
+            ctx.metric("val/accuracy", accuracy / total as f64);
+            ctx.metric("val/response_length/mean", lengths as f64 / total as f64);
+        }
+        Ok(Outputs::new())
+    }
+}
+
+/// `batch` in consecutive pieces of at most `size` prompts.
+fn split(batch: &PromptBatch, size: usize) -> Vec<PromptBatch> {
+    batch
+        .prompts
+        .chunks(size.max(1))
+        .map(|c| PromptBatch {
+            prompts: c.to_vec(),
+            pad_token_id: batch.pad_token_id,
+            image_token_id: batch.image_token_id,
+            epoch: batch.epoch,
+        })
+        .collect()
+}
+
+flowrl_engine::register_node_kind!(EvalKind);

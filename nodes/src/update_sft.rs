@@ -1,0 +1,199 @@
+//! The `update.sft` node kind: supervised fine-tuning on ground-truth responses (warm starts,
+//! SFT graphs).
+//!
+//! Each prompt's target response is `response_template` with `{answer}` replaced by the prompt's
+//! ground truth, tokenized without special tokens, followed by the model's first EOS token. The loss
+//! is the token-mean cross-entropy over the target tokens of the whole batch,
+//!
+//! ```text
+//! L = − Σ_{b,t} m[b,t] · log π(y[b,t] | prompt_b, y[b,<t]) / Σ m
+//! ```
+//!
+//! (verl's SFT trainer, `loss_agg_mode = token-mean`), accumulated over micro-batches with the
+//! batch's token count as the normaliser, then one guarded AdamW step (global-norm clipping;
+//! non-finite → skipped and counted). Metrics: `train/loss`, `actor/grad_norm`, `actor/lr`,
+//! `actor/skipped_steps`. Timing key `update_actor`.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use flowrl_algorithms::{GlobalBatchInfo, LossAggMode, agg_loss};
+use flowrl_engine::{
+    BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, PortType,
+    StepContext,
+};
+use serde::Deserialize;
+
+use crate::backend::TrainBackend;
+use crate::model_resource::ModelResource;
+use crate::optim::LrSchedule;
+use crate::sequences::SequenceBatch;
+use crate::train::{OptimParams, guarded_step, optim_param_specs, scalar};
+use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, TokenMatrix, port_types};
+
+/// The `update.sft` kind.
+pub struct SftUpdateKind;
+
+#[derive(Debug, Clone, Deserialize)]
+struct SftParams {
+    model: String,
+    #[serde(flatten)]
+    optim: OptimParams,
+    response_template: String,
+    micro_batch_size: Option<usize>,
+    chunk: usize,
+}
+
+impl NodeKind for SftUpdateKind {
+    fn name(&self) -> &str {
+        "update.sft"
+    }
+
+    fn doc(&self) -> &str {
+        "Supervised fine-tuning on the prompts' ground-truth answers written into \
+         `response_template`: token-mean cross-entropy, one AdamW step per batch."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("prompts", PortType::new(port_types::PROMPTS))]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("done", PortType::new(port_types::MODEL_UPDATE))
+            .doc("the update counters; wire into `eval.after`")]
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        let mut p = vec![
+            ParamSpec::resource("model", "model").required().doc("the model to train"),
+            ParamSpec::string("response_template")
+                .default("{answer}")
+                .doc("target response; `{answer}` is replaced by the ground truth"),
+            ParamSpec::int("micro_batch_size").min(1.0).doc("responses per forward/backward; default: the batch"),
+            ParamSpec::int("chunk").default(64).min(1.0).doc("response positions per LM-head block"),
+        ];
+        p.extend(optim_param_specs());
+        p
+    }
+
+    fn timing_key(&self) -> Option<&str> {
+        Some("update_actor")
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: SftParams = params.parse()?;
+        let model = ctx.resource::<ModelResource>(&p.model)?;
+        ensure!(model.trainable, "model `{}` is a frozen copy and cannot be trained", p.model);
+        model.tokenizer()?;
+        p.optim.adamw()?;
+        let schedule = p.optim.schedule(ctx.total_steps);
+        Ok(Box::new(SftNode { p, model, schedule }))
+    }
+}
+
+struct SftNode {
+    p: SftParams,
+    model: Arc<ModelResource>,
+    schedule: LrSchedule,
+}
+
+/// The prompts with their target responses, as a rollout batch (n = 1).
+pub fn target_batch(model: &ModelResource, prompts: &Arc<PromptBatch>, template: &str) -> Result<RolloutBatch> {
+    let tok = model.tokenizer()?;
+    let eos = {
+        let s = model.lock();
+        s.model.causal_lm().eos_token_ids().first().copied()
+    };
+    let mut response_ids = Vec::with_capacity(prompts.len());
+    let mut texts = Vec::with_capacity(prompts.len());
+    for p in &prompts.prompts {
+        let text = template.replace("{answer}", &p.ground_truth);
+        let mut ids = tok
+            .encode(text.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("tokenizing the target of {}: {e}", p.uid))?
+            .get_ids()
+            .to_vec();
+        ids.extend(eos);
+        response_ids.push(ids);
+        texts.push(text);
+    }
+    let b = prompts.len();
+    let t = response_ids.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut mask = TokenMatrix::zeros(b, t);
+    for (r, ids) in response_ids.iter().enumerate() {
+        mask.row_mut(r)[..ids.len()].fill(1.0);
+    }
+    let batch = RolloutBatch {
+        prompts: prompts.clone(),
+        prompt_index: (0..b).collect(),
+        uid: prompts.prompts.iter().map(|p| p.uid.clone()).collect(),
+        prompt_ids: prompts.prompts.iter().map(|p| p.input_ids.clone()).collect(),
+        ground_truth: prompts.prompts.iter().map(|p| p.ground_truth.clone()).collect(),
+        data_source: prompts.prompts.iter().map(|p| p.data_source.clone()).collect(),
+        response_ids,
+        response_mask: mask,
+        sampling_log_probs: TokenMatrix::zeros(b, t),
+        response_text: texts,
+        truncated: vec![false; b],
+    };
+    batch.check()?;
+    Ok(batch)
+}
+
+impl Node for SftNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        type B = TrainBackend;
+        let prompts = inputs.get_arc::<PromptBatch>("prompts")?;
+        let batch = target_batch(&self.model, &prompts, &self.p.response_template)?;
+        let b = batch.len();
+        let micro = self.p.micro_batch_size.unwrap_or(b).min(b).max(1);
+        let tokens: f64 = batch.response_mask.data.iter().map(|&m| m as f64).sum();
+        let info = GlobalBatchInfo {
+            dp_size: 1,
+            batch_num_tokens: Some(tokens.max(1.0)),
+            global_batch_size: Some(b as f64),
+            loss_scale_factor: None,
+        };
+        let lr = self.schedule.lr(ctx.step());
+        let mut state = self.model.lock();
+        let device = state.device;
+        let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
+        let mut total = 0.0;
+        let mut finite = true;
+        let rows: Vec<usize> = (0..b).collect();
+        for chunk in rows.chunks(micro) {
+            let seq = SequenceBatch::new(&batch, chunk)?;
+            let out = seq
+                .log_probs(&state.model, 1.0, self.p.chunk, &device)
+                .with_context(|| format!("node `{}`", ctx.node_name()))?;
+            let loss = agg_loss(out.log_probs.neg(), seq.mask_tensor::<B>(&device), LossAggMode::TokenMean, &info)?;
+            let value = scalar(loss.clone().detach());
+            total += value;
+            if !value.is_finite() {
+                finite = false;
+                break;
+            }
+            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &state.model);
+            acc.accumulate::<B>(&state.model, grads);
+        }
+        let adamw = self.p.optim.adamw()?;
+        let outcome = guarded_step(&mut state, adamw, finite.then(|| acc.grads()), lr, self.p.optim.grad_clip);
+        let done = ModelUpdate {
+            optimizer_steps: state.counters.optimizer_steps,
+            skipped_steps: state.counters.skipped_steps,
+        };
+        drop(state);
+        ctx.metric("train/loss", total);
+        if outcome.applied {
+            ctx.metric("actor/grad_norm", outcome.grad_norm);
+        } else {
+            ctx.warn("optimizer step skipped: non-finite loss or gradient norm");
+        }
+        ctx.metric("actor/lr", lr);
+        ctx.metric("actor/skipped_steps", if outcome.applied { 0.0 } else { 1.0 });
+        Ok(Outputs::new().with("done", done))
+    }
+}
+
+flowrl_engine::register_node_kind!(SftUpdateKind);
