@@ -20,6 +20,8 @@ use crate::qwen2_vl::{QwenVl, QwenVlConfig};
 use crate::weights::{Checkpoint, RandomInit, WeightSink, WeightSource, WeightVisitor};
 
 /// A model of any registered family.
+// One value per loaded model, so the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Model<B: Backend> {
     /// Qwen2-VL and Qwen2.5-VL.
@@ -29,6 +31,7 @@ pub enum Model<B: Backend> {
 }
 
 /// A parsed config of any registered family.
+#[allow(clippy::large_enum_variant)]
 enum FamilyConfig {
     QwenVl(QwenVlConfig),
     Gemma4(Box<Gemma4Config>),
@@ -43,7 +46,9 @@ fn parse_config(text: &str) -> Result<FamilyConfig> {
     crate::registry::family(model_type)?;
     match model_type {
         "qwen2_vl" | "qwen2_5_vl" => Ok(FamilyConfig::QwenVl(QwenVlConfig::from_value(&json)?)),
-        "gemma4" => Ok(FamilyConfig::Gemma4(Box::new(Gemma4Config::from_value(&json)?))),
+        "gemma4" => Ok(FamilyConfig::Gemma4(Box::new(Gemma4Config::from_value(
+            &json,
+        )?))),
         other => bail!("model_type `{other}` is registered but has no model implementation"),
     }
 }

@@ -62,6 +62,7 @@ pub struct QuickGeluMlp<B: Backend> {
 }
 
 /// Block MLP of either family.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum VisionMlp<B: Backend> {
     QuickGelu(QuickGeluMlp<B>),
@@ -368,7 +369,8 @@ impl<B: Backend> VisionTower<B> {
         let (mut cos, mut sin) = (emb.clone().cos(), emb.sin());
 
         // Qwen2.5-VL: permute rows (in groups of one merged token) into window order.
-        let window = layout.window_index.as_ref().map(|wi| {
+        let window = layout.window_index.as_ref();
+        if let Some(wi) = window {
             let idx = index_tensor::<B>(wi, &device);
             let permute = |t: Tensor<B, 2>| {
                 let w = t.dims()[1];
@@ -379,8 +381,7 @@ impl<B: Backend> VisionTower<B> {
             x = permute(x.clone());
             cos = permute(cos.clone());
             sin = permute(sin.clone());
-            wi
-        });
+        }
         let cos = cos.unsqueeze_dim::<3>(0);
         let sin = sin.unsqueeze_dim::<3>(0);
 
