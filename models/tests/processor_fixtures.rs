@@ -5,19 +5,19 @@
 //! - `processor_only` cases (`case.json` `"kind": "processor_only"`): per image, the decoded RGB
 //!   (`rgb_u8`, when given) and the resized picture (`resized_u8`) exactly, `pixel_values` within
 //!   1e-6, grids, patch positions, token counts and the expanded prompt ids exactly.
-//! - model cases (folders with `inputs.safetensors` holding `pixel_values`): every PNG of the case,
-//!   processed with the case's own `preprocessor_config.json`, reproduces its rows of
-//!   `pixel_values` (and Gemma's `image_position_ids` / `num_soft_tokens_per_image`). PNG
-//!   `image<k>…` / `image_<k>…` is image k of the batch.
+//! - model cases (folders with `config.json` and `inputs.safetensors` holding `pixel_values`):
+//!   every PNG of the case, processed by the processor that `load_image_processor` builds from the
+//!   case folder, reproduces its rows of `pixel_values` (and Gemma's `image_position_ids` /
+//!   `num_soft_tokens_per_image`), and expanding the collapsed prompts gives `input_ids` again.
+//!   PNG `image<k>…` / `image_<k>…` is image k of the batch.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use flowrl_models::ImageProcessor;
-use flowrl_models::ProcessedImage;
 use flowrl_models::gemma4::processor::{Gemma4ImageProcessor, Gemma4ProcessorConfig};
 use flowrl_models::image::load_rgb;
 use flowrl_models::qwen2_vl::processor::{Qwen2VlImageProcessor, Qwen2VlProcessorConfig};
+use flowrl_models::{ImageProcessor, ProcessedImage, load_image_processor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -253,19 +253,17 @@ fn check_qwen_processor_case(dir: &Path) -> usize {
     images.len()
 }
 
-/// A Qwen model case: every PNG reproduces its rows of `inputs.safetensors: pixel_values`.
+/// A Qwen model case: every PNG, processed by the processor the family registry builds from the
+/// case folder (`config.json` + `preprocessor_config.json`), reproduces its rows of
+/// `pixel_values` and its grid; re-expanding the prompts reproduces `input_ids`.
 fn check_qwen_model_case(dir: &Path) -> usize {
     let inputs = Tensors::open(&dir.join("inputs.safetensors"));
     let Some((shape, pixels)) = inputs.f32("pixel_values") else {
         return 0;
     };
     let (_, grids) = inputs.i64("image_grid_thw").unwrap();
-    let config = Qwen2VlProcessorConfig::from_json(
-        &std::fs::read_to_string(dir.join("preprocessor_config.json")).unwrap(),
-    )
-    .unwrap();
-    // The image token id plays no role in the pixel values.
-    let processor = Qwen2VlImageProcessor::new(config, 0);
+    let processor = load_image_processor(dir).unwrap();
+    assert_eq!(processor.placeholder_token(), "<|image_pad|>");
     let pngs = case_pngs(dir);
     assert_eq!(
         pngs.len() * 3,
@@ -275,6 +273,7 @@ fn check_qwen_model_case(dir: &Path) -> usize {
     );
     let row_len = shape[1];
     let mut row = 0;
+    let mut images = Vec::new();
     for (k, png) in pngs.iter().enumerate() {
         let out = processor.process(&load_rgb(png).unwrap()).unwrap();
         let grid: Vec<usize> = grids[k * 3..k * 3 + 3]
@@ -295,6 +294,7 @@ fn check_qwen_model_case(dir: &Path) -> usize {
             png.display()
         );
         row += n;
+        images.push(out);
     }
     assert_eq!(
         row,
@@ -302,7 +302,72 @@ fn check_qwen_model_case(dir: &Path) -> usize {
         "{}: every pixel row accounted for",
         dir.display()
     );
+    let image_token = config_id(dir, "image_token_id");
+    check_reexpansion(dir, &inputs, processor.as_ref(), &images, image_token, None);
     pngs.len()
+}
+
+/// An integer id from the case's `config.json`.
+fn config_id(dir: &Path, key: &str) -> u32 {
+    read_json(&dir.join("config.json"))[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{}: config.json has no {key}", dir.display())) as u32
+}
+
+/// Collapses every expanded image of each real prompt row of `input_ids` back into one
+/// placeholder (a run of `image_token`, plus the `wrap` = (begin, end) ids around it), expands
+/// it again with `processor` and the row's images (in order), and compares with the row.
+fn check_reexpansion(
+    dir: &Path,
+    inputs: &Tensors,
+    processor: &dyn ImageProcessor,
+    images: &[ProcessedImage],
+    image_token: u32,
+    wrap: Option<(u32, u32)>,
+) {
+    let (shape, ids) = inputs.i64("input_ids").unwrap();
+    let (_, mask) = inputs.i64("attention_mask").unwrap();
+    let mut next_image = 0;
+    for b in 0..shape[0] {
+        let row: Vec<u32> = (0..shape[1])
+            .filter(|&l| mask[b * shape[1] + l] != 0)
+            .map(|l| ids[b * shape[1] + l] as u32)
+            .collect();
+        let mut collapsed: Vec<u32> = Vec::new();
+        for &t in &row {
+            if t == image_token && collapsed.last() == Some(&image_token) {
+                continue;
+            }
+            collapsed.push(t);
+        }
+        if let Some((begin, end)) = wrap {
+            let mut out: Vec<u32> = Vec::new();
+            for (i, &t) in collapsed.iter().enumerate() {
+                let next = collapsed.get(i + 1);
+                let prev = i.checked_sub(1).map(|j| collapsed[j]);
+                if (t == begin && next == Some(&image_token))
+                    || (t == end && prev == Some(image_token))
+                {
+                    continue;
+                }
+                out.push(t);
+            }
+            collapsed = out;
+        }
+        let count = collapsed.iter().filter(|&&t| t == image_token).count();
+        let row_images = &images[next_image..next_image + count];
+        next_image += count;
+        let expanded = processor
+            .expand_placeholders(&collapsed, row_images)
+            .unwrap();
+        assert_eq!(expanded, row, "{}: row {b} re-expanded", dir.display());
+    }
+    assert_eq!(
+        next_image,
+        images.len(),
+        "{}: every image placed",
+        dir.display()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -495,8 +560,9 @@ fn check_gemma_processor_case(dir: &Path) -> usize {
     images.len()
 }
 
-/// A Gemma 4 model case: every PNG reproduces its `pixel_values`, `image_position_ids` and
-/// `num_soft_tokens_per_image` entries.
+/// A Gemma 4 model case: every PNG, processed by the processor the family registry builds from
+/// the case folder, reproduces its `pixel_values`, `image_position_ids` and
+/// `num_soft_tokens_per_image` entries; re-expanding the prompts reproduces `input_ids`.
 fn check_gemma_model_case(dir: &Path) -> usize {
     let inputs = Tensors::open(&dir.join("inputs.safetensors"));
     let Some((shape, pixels)) = inputs.f32("pixel_values") else {
@@ -504,14 +570,12 @@ fn check_gemma_model_case(dir: &Path) -> usize {
     };
     let (_, positions) = inputs.i64("image_position_ids").unwrap();
     let (_, soft) = inputs.i64("num_soft_tokens_per_image").unwrap();
-    let config = Gemma4ProcessorConfig::from_json(
-        &std::fs::read_to_string(dir.join("preprocessor_config.json")).unwrap(),
-    )
-    .unwrap();
-    let processor = Gemma4ImageProcessor::new(config, 0, 1, 2);
+    let processor = load_image_processor(dir).unwrap();
+    assert_eq!(processor.placeholder_token(), "<|image|>");
     let pngs = case_pngs(dir);
     assert_eq!(pngs.len(), shape[0], "{}: PNGs vs images", dir.display());
     let per_image = shape[1] * shape[2];
+    let mut images = Vec::new();
     for (k, png) in pngs.iter().enumerate() {
         let out = processor.process(&load_rgb(png).unwrap()).unwrap();
         assert_eq!(out.shape, shape[1..], "{}: shape", png.display());
@@ -524,7 +588,13 @@ fn check_gemma_model_case(dir: &Path) -> usize {
             "{}: pixel_values differ by {diff}",
             png.display()
         );
-        let got: Vec<i64> = out.patch_positions.unwrap().into_iter().flatten().collect();
+        let got: Vec<i64> = out
+            .patch_positions
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .collect();
         let n = shape[1] * 2;
         assert_eq!(
             got,
@@ -539,7 +609,21 @@ fn check_gemma_model_case(dir: &Path) -> usize {
             png.display()
         );
         println!("{}: pixel_values max |Δ| = {diff:e}", png.display());
+        images.push(out);
     }
+    let wrap = (
+        config_id(dir, "boi_token_id"),
+        config_id(dir, "eoi_token_id"),
+    );
+    let image_token = config_id(dir, "image_token_id");
+    check_reexpansion(
+        dir,
+        &inputs,
+        processor.as_ref(),
+        &images,
+        image_token,
+        Some(wrap),
+    );
     pngs.len()
 }
 
@@ -563,6 +647,7 @@ fn run_family(family: &str, select: fn(&Path) -> bool, check: fn(&Path) -> usize
 fn is_model_case_with_pixels(dir: &Path) -> bool {
     !is_processor_case(dir)
         && dir.join("inputs.safetensors").exists()
+        && dir.join("config.json").exists()
         && dir.join("preprocessor_config.json").exists()
 }
 
