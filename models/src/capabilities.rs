@@ -365,3 +365,58 @@ pub fn scatter_image_embeddings<B: Backend>(
     );
     Ok(rows.select(0, index).reshape([batch, len, hidden]))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    #[test]
+    fn left_pad_and_plain_positions() {
+        let b = PaddedBatch::left_pad(&[vec![5, 6, 7], vec![8]], 0);
+        assert_eq!(b.ids, vec![5, 6, 7, 0, 0, 8]);
+        assert_eq!(b.attention_mask, vec![1, 1, 1, 0, 0, 1]);
+        assert_eq!(b.real_lengths(), vec![3, 1]);
+        let p = plain_positions(&b);
+        assert_eq!(p.ids, vec![0, 1, 2, 0, 0, 0]);
+        assert_eq!(p.rope_deltas, vec![0, 0]);
+        // The next token of each row continues at its real length.
+        assert_eq!(p.decode_step(&[3, 1]).ids, vec![3, 1]);
+    }
+
+    #[test]
+    fn decode_step_adds_rope_deltas_on_every_stream() {
+        let p = PositionIds {
+            streams: 3,
+            batch: 2,
+            len: 1,
+            ids: vec![0; 6],
+            rope_deltas: vec![-4, 2],
+        };
+        assert_eq!(p.decode_step(&[22, 10]).ids, vec![18, 12, 18, 12, 18, 12]);
+    }
+
+    #[test]
+    fn scatter_replaces_image_token_rows_in_order() {
+        let device = Default::default();
+        let text = Tensor::<Flex, 1>::from_data(
+            TensorData::new((0..8).map(|x| x as f32).collect::<Vec<_>>(), [8]),
+            &device,
+        )
+        .reshape([2, 2, 2]);
+        let image = Tensor::<Flex, 1>::from_data(
+            TensorData::new(vec![100.0f32, 101.0, 200.0, 201.0], [4]),
+            &device,
+        )
+        .reshape([2, 2]);
+        let ids = [1, 9, 9, 3];
+        let out = scatter_image_embeddings(text.clone(), &ids, 9, image.clone()).unwrap();
+        let v = out.into_data().into_vec::<f32>().unwrap();
+        assert_eq!(v, vec![0.0, 1.0, 100.0, 101.0, 200.0, 201.0, 6.0, 7.0]);
+        let err = scatter_image_embeddings(text, &[9, 1, 1, 1], 9, image).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("1 image tokens but the images give 2")
+        );
+    }
+}

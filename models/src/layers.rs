@@ -298,3 +298,52 @@ pub fn repeat_kv<B: Backend>(x: Tensor<B, 4>, group: usize) -> Tensor<B, 4> {
         .repeat_dim(2, group)
         .reshape([b, h * group, t, d])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    fn ints(v: Vec<i64>, shape: [usize; 2]) -> Tensor<Flex, 2, Int> {
+        Tensor::<Flex, 1, Int>::from_data(
+            TensorData::new(v, [shape[0] * shape[1]]),
+            &Default::default(),
+        )
+        .reshape(shape)
+    }
+
+    #[test]
+    fn bias_is_causal_and_masks_padding_keys() {
+        // Row 0: one pad then two tokens; one cached key + 2 new queries.
+        let mask = ints(vec![0, 1, 1], [1, 3]);
+        let b = causal_padding_bias(mask, 2)
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        // Query 0 (absolute 1) sees key 1; query 1 (absolute 2) sees keys 1, 2; key 0 is padding.
+        assert_eq!(b, vec![MASKED, 0.0, MASKED, MASKED, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn one_stream_rope_equals_three_equal_streams() {
+        let device = Default::default();
+        let freq = inv_freq(100.0, 16);
+        let one =
+            Tensor::<Flex, 1, Int>::from_data(TensorData::new(vec![0i64, 3, 7], [3]), &device)
+                .reshape([1, 1, 3]);
+        let three = one.clone().repeat_dim(0, 3);
+        let (c1, s1) = rope_tables(one, &freq, &[2, 3, 3]);
+        let (c3, s3) = rope_tables(three, &freq, &[2, 3, 3]);
+        assert_eq!(c1.into_data(), c3.into_data());
+        assert_eq!(s1.into_data(), s3.into_data());
+    }
+
+    #[test]
+    fn repeat_kv_maps_query_head_j_to_kv_head_j_over_group() {
+        let device = Default::default();
+        let x = Tensor::<Flex, 1>::from_data(TensorData::new(vec![1.0f32, 2.0], [2]), &device)
+            .reshape([1, 2, 1, 1]);
+        let v = repeat_kv(x, 2).into_data().into_vec::<f32>().unwrap();
+        assert_eq!(v, vec![1.0, 1.0, 2.0, 2.0]);
+    }
+}
