@@ -109,9 +109,18 @@ pub struct GraphArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "Examples:\n  flowrl nodes rollout\n  flowrl nodes --graph examples/python_reward/grpo_python_reward.toml reward"
+)]
 pub struct NodesArgs {
-    /// A node kind (or resource kind) to describe in full.
+    /// A node kind (or resource kind) to describe in full; with --graph, a node of that graph.
     pub kind: Option<String>,
+    /// List the nodes of this graph as compiled (kinds that take their ports and parameters
+    /// from the node, such as `exec`, show what the node declares).
+    #[arg(long, value_name = "FILE")]
+    pub graph: Option<PathBuf>,
+    #[command(flatten)]
+    pub input: GraphInput,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -240,12 +249,13 @@ fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCod
         eprintln!("error: {msg}");
         return Ok(ExitCode::from(EXIT_CONFIG));
     }
+    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     println!(
-        "{}: ok ({} nodes, {} resources, {} edges; order: {})",
+        "{}: ok ({}, {}, {}; order: {})",
         a.graph.display(),
-        graph.nodes.len(),
-        graph.resources.len(),
-        graph.nodes.iter().map(|n| n.inputs.len()).sum::<usize>(),
+        count(graph.nodes.len(), "node"),
+        count(graph.resources.len(), "resource"),
+        count(graph.nodes.iter().map(|n| n.inputs.len()).sum::<usize>(), "edge"),
         graph
             .order
             .iter()
@@ -289,6 +299,45 @@ fn cmd_graph(a: &GraphArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
 }
 
 fn cmd_nodes(a: &NodesArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
+    if let Some(file) = &a.graph {
+        let graph = match load(registry, file, &a.input, Vec::new())? {
+            Ok(g) => g,
+            Err(code) => return Ok(code),
+        };
+        match &a.kind {
+            None => {
+                println!(
+                    "Nodes of {} (`flowrl nodes --graph FILE NODE` for ports and parameters):",
+                    file.display()
+                );
+                let width = graph.nodes.iter().map(|n| n.name.len()).max().unwrap_or(0);
+                let kw = graph
+                    .nodes
+                    .iter()
+                    .map(|n| n.kind.name().len())
+                    .max()
+                    .unwrap_or(0);
+                for n in &graph.nodes {
+                    println!(
+                        "  {:width$}  {:kw$}  {}",
+                        n.name,
+                        n.kind.name(),
+                        summary(n.kind.doc())
+                    );
+                }
+            }
+            Some(name) => match graph.node_id(name) {
+                Some(id) => print!("{}", describe_kind(graph.nodes[id].kind.as_ref())),
+                None => {
+                    let hint = did_you_mean(name, graph.nodes.iter().map(|n| n.name.as_str()))
+                        .unwrap_or_else(|| "`flowrl nodes --graph FILE` lists them".into());
+                    eprintln!("error: {} has no node `{name}`; {hint}", file.display());
+                    return Ok(ExitCode::from(EXIT_CONFIG));
+                }
+            },
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     match &a.kind {
         None => print!("{}", list_kinds(registry)),
         Some(name) => {
