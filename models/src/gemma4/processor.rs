@@ -111,7 +111,8 @@ impl Gemma4ProcessorConfig {
 /// th = ⌊f·h / s⌋·s ;  tw = ⌊f·w / s⌋·s
 /// if th = 0: th = s, tw = min(⌊w/h⌋·s, max_soft_tokens·s)   (and symmetrically for tw = 0)
 /// ```
-/// Small pictures are upscaled. Both zero cannot happen for a non-empty picture.
+/// then `th·tw ≤ max_patches·p²` is checked. Small pictures are upscaled. Reference:
+/// transformers 5.24 `gemma4/image_processing_pil_gemma4.py::get_aspect_ratio_preserving_size`.
 pub fn target_size(
     height: usize,
     width: usize,
@@ -126,7 +127,9 @@ pub fn target_size(
     let mut tw = ((f * w) / s as f64).floor() as usize * s;
     let max_side = config.max_soft_tokens * s;
     match (th, tw) {
-        (0, 0) => bail!("picture {width}x{height} cannot be resized to any patch grid"),
+        (0, 0) => bail!(
+            "picture {width}x{height} would be resized to 0x0 (sides must be multiples of {s})"
+        ),
         (0, _) => {
             th = s;
             tw = ((w / h).floor() as usize * s).min(max_side);
@@ -137,6 +140,13 @@ pub fn target_size(
         }
         _ => {}
     }
+    let budget = config.max_patches() * config.patch_size * config.patch_size;
+    ensure!(
+        th * tw <= budget,
+        "resizing {width}x{height} to {tw}x{th} exceeds {} patches of size {}",
+        config.max_patches(),
+        config.patch_size
+    );
     Ok((th, tw))
 }
 
@@ -207,16 +217,16 @@ impl Gemma4ImageProcessor {
     /// Steps 4–7 on a resized picture: `v = f32(f64(u8)·rescale_factor)` (then `(v − mean)/std`
     /// only if `do_normalize`); patches `(py, px)` in row-major order, element
     /// `(dy·p + dx)·3 + c` = pixel `(p·py + dy, p·px + dx, c)`; positions `(x = px, y = py)`;
-    /// zero rows with position `(−1, −1)` up to `max_patches`; `num_tokens = patches / k²`.
+    /// zero rows with position `(−1, −1)` up to `max_patches`; `num_tokens = ⌊patches / k²⌋`
+    /// (exact after [`Self::resize`], whose sides are multiples of `p·k`).
     /// `shape = [max_patches, 3·p²]`, `grid = [gh, gw]` (real patch grid).
     pub fn patchify(&self, resized: &RgbImage) -> Result<ProcessedImage> {
         let c = &self.config;
         let (width, height) = (resized.width() as usize, resized.height() as usize);
         let (p, k) = (c.patch_size, c.pooling_kernel_size);
         ensure!(
-            height % (p * k) == 0 && width % (p * k) == 0,
-            "picture {width}x{height} is not a multiple of patch_size·pooling_kernel_size = {}",
-            p * k
+            height % p == 0 && width % p == 0,
+            "picture {width}x{height} is not a multiple of patch_size = {p}"
         );
         let (gh, gw) = (height / p, width / p);
         let max_patches = c.max_patches();
