@@ -231,3 +231,57 @@ fn inspect_reports_schema_counts_and_rendered_rows() {
         "{out}"
     );
 }
+
+/// The whole verl flow on a Gemma 4 model directory: a verl row with `<image>` and the fixture's
+/// picture becomes exactly the fixture's expanded ids (template, tokenizer, Gemma 4 processor).
+#[test]
+fn verl_row_through_gemma4_processor_gives_the_fixture_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("gemma4");
+    std::fs::create_dir_all(&model).unwrap();
+    let case = fixtures().join("../models/gemma4/one_image");
+    for f in ["config.json", "preprocessor_config.json", "tokenizer.json"] {
+        std::fs::copy(case.join(f), model.join(f)).unwrap();
+    }
+    std::fs::copy(
+        fixtures().join("gemma4_chat/tokenizer_config.json"),
+        model.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("gemma4_chat/expected.json")).unwrap(),
+    )
+    .unwrap();
+
+    // One verl row: the fixture's picture and question.
+    let png = std::fs::read(case.join("image_0.png")).unwrap();
+    let sample = flowrl_datasets::synth::ShapeSample {
+        image: image::load_from_memory(&png).unwrap().to_rgb8(),
+        question: "<image>Describe this image.".into(),
+        prompt: "<image>Describe this image.".into(),
+        answer: "x".into(),
+    };
+    let path = tmp.path().join("one.parquet");
+    flowrl_datasets::synth::write_split(&path, "test", &[sample]).unwrap();
+
+    let enc = Arc::new(PromptEncoder::from_model_dir(&model).unwrap());
+    let options = DatasetOptions {
+        batch_size: 1,
+        max_prompt_length: 512,
+        ..DatasetOptions::default()
+    };
+    let mut ds = PromptDataset::load(&[path], enc, options).unwrap();
+    let b = ds.next_batch().unwrap();
+    let want: Vec<u32> = expected["expanded_prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(b.prompts[0].input_ids, want);
+    assert_eq!(
+        b.prompts[0].images[0].num_tokens as u64,
+        expected["num_soft_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(b.prompts[0].text, expected["prompt"].as_str().unwrap());
+}
