@@ -255,7 +255,10 @@ fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCod
         a.graph.display(),
         count(graph.nodes.len(), "node"),
         count(graph.resources.len(), "resource"),
-        count(graph.nodes.iter().map(|n| n.inputs.len()).sum::<usize>(), "edge"),
+        count(
+            graph.nodes.iter().map(|n| n.inputs.len()).sum::<usize>(),
+            "edge"
+        ),
         graph
             .order
             .iter()

@@ -658,8 +658,18 @@ impl Compiler<'_> {
                     }
                 }
             }
+            let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
             for s in specs.iter().filter(|s| !s.optional && !s.variadic) {
                 if wired.contains(&s.name.as_str()) {
+                    continue;
+                }
+                // Already reported as a misspelled port with a did-you-mean.
+                let misspelled = wired.iter().any(|w| {
+                    !names.contains(w)
+                        && did_you_mean(w, names.iter().copied())
+                            .is_some_and(|h| h.contains(&format!("`{}`", s.name)))
+                });
+                if misspelled && variadic.is_none() {
                     continue;
                 }
                 let producers: Vec<String> = nodes
@@ -1012,6 +1022,16 @@ fn check_params(
             );
             map.insert(spec.name.clone(), Json::Object(sub));
         } else if spec.required {
+            // A misspelling of this key was already reported as an unknown key with a
+            // did-you-mean; reporting the key as missing too would say the same thing twice.
+            let misspelled = table.entries.iter().any(|e| {
+                !specs.iter().any(|s| s.name == e.key)
+                    && did_you_mean(&e.key, specs.iter().map(|s| s.name.as_str()))
+                        .is_some_and(|h| h.contains(&format!("`{}`", spec.name)))
+            });
+            if misspelled {
+                continue;
+            }
             let path = format!("{prefix}{}", spec.name);
             let mut help = format!("add `{} = ...`", spec.name);
             if !spec.doc.is_empty() {

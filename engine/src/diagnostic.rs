@@ -232,21 +232,28 @@ impl Diagnostic {
     }
 }
 
-/// `did you mean `x`?` for the closest candidate (Jaro-Winkler ≥ 0.8 or Levenshtein ≤ 2).
+/// `did you mean `x`?` for the closest candidate: the smallest edit distance (OSA: a transposition
+/// counts as one edit) among the
+/// candidates within max(1, len/3) edits or with Jaro-Winkler similarity ≥ 0.85 (ties: higher
+/// Jaro-Winkler, then the earlier candidate).
 pub fn did_you_mean<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<String> {
-    let mut best: Option<(f64, &str)> = None;
+    let max_edits = (word.chars().count() / 3).max(1);
+    let mut best: Option<(usize, f64, &str)> = None;
     for c in candidates {
+        let lev = strsim::osa_distance(word, c);
         let jw = strsim::jaro_winkler(word, c);
-        let lev = strsim::levenshtein(word, c);
-        let score = if lev <= 2 { jw.max(0.9) } else { jw };
-        if score >= 0.8 && best.is_none_or(|(s, _)| score > s) {
-            best = Some((score, c));
+        if lev > max_edits && jw < 0.85 {
+            continue;
+        }
+        let better = best.is_none_or(|(bl, bj, _)| lev < bl || (lev == bl && jw > bj));
+        if better {
+            best = Some((lev, jw, c));
         }
     }
-    best.map(|(_, c)| format!("did you mean `{c}`?"))
+    best.map(|(_, _, c)| format!("did you mean `{c}`?"))
 }
 
 /// Sorts diagnostics by source, then position, then code, so output is stable.

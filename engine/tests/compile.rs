@@ -152,7 +152,7 @@ fn missing_required_param_and_unknown_resource() {
 #[test]
 fn ports_unknown_node_unknown_output_mismatch_missing_input() {
     let g = GOOD
-        .replace("inputs = { a = \"src.n\" }", "inputs = { aa = \"src.n\" }")
+        .replace("inputs = { a = \"src.n\" }", "inputs = { bb = \"src.n\" }")
         .replace(
             "inputs = { n = \"add.sum\" }",
             "inputs = { n = \"ad.sum\" }",
@@ -173,7 +173,7 @@ fn ports_unknown_node_unknown_output_mismatch_missing_input() {
         "{text}"
     );
     assert!(
-        text.contains("node `add` (kind `test.add`) has no input port `aa`"),
+        text.contains("node `add` (kind `test.add`) has no input port `bb`"),
         "{text}"
     );
     assert!(
@@ -263,4 +263,14 @@ fn overrides_are_checked_and_point_at_the_argument() {
 fn run_section_device_is_checked() {
     let (e, _) = errors(&GOOD.replace("seed = 1", "seed = 1\ndevice = \"tpu\""), &[]);
     assert_eq!(e[0].0, Code::InvalidValue);
+}
+
+#[test]
+fn a_misspelled_required_key_or_port_is_reported_once() {
+    let g = GOOD
+        .replace("model = \"policy\"\n", "modle = \"policy\"\n")
+        .replace("inputs = { a = \"src.n\" }", "inputs = { aa = \"src.n\" }");
+    let (e, text) = errors(&g, &[]);
+    let codes: Vec<Code> = e.iter().map(|x| x.0).collect();
+    assert_eq!(codes, vec![Code::UnknownPort, Code::UnknownKey], "{text}");
 }
