@@ -12,7 +12,8 @@
 //! ℚ(√2, √3, √5, …): each monomial is `q · √m · π^k · Π xᵢ^eᵢ` with `m` square-free. Those
 //! monomials are linearly independent over ℚ, so "the numerator is the zero polynomial" is an
 //! exact test for "the value is 0". Anything else (other functions, nested radicals, square
-//! roots of negative numbers or of symbols, division by zero, overflow of the i128 rationals,
+//! roots of negative numbers or of symbols, irrational roots of decimals (sympy evaluates
+//! those numerically, so they never equal a symbolic root), division by zero, overflow of the i128 rationals,
 //! expressions that grow past a size bound) makes the comparison answer "not equal".
 
 use std::collections::BTreeMap;
@@ -208,58 +209,48 @@ impl Poly {
 
 // ---------------------------------------------------------------- values
 
-/// num / den.
+/// num / den. `float` marks a value that a decimal literal took part in (a sympy `Float`).
 #[derive(Debug, Clone, PartialEq)]
 struct Val {
     num: Poly,
     den: Poly,
+    float: bool,
 }
 
 impl Val {
+    fn new(num: Poly, den: Poly, float: bool) -> Val {
+        Val { num, den, float }
+    }
     fn constant(q: Rat) -> Val {
-        Val {
-            num: Poly::constant(q),
-            den: Poly::constant(Rat::ONE),
-        }
+        Val::new(Poly::constant(q), Poly::constant(Rat::ONE), false)
     }
     fn mono(m: Mono) -> Val {
-        Val {
-            num: Poly::mono(m, Rat::ONE),
-            den: Poly::constant(Rat::ONE),
-        }
+        Val::new(Poly::mono(m, Rat::ONE), Poly::constant(Rat::ONE), false)
     }
     fn add(&self, o: &Val) -> Option<Val> {
+        let float = self.float || o.float;
         if self.den == o.den {
-            return Some(Val {
-                num: self.num.add(&o.num)?,
-                den: self.den.clone(),
-            });
+            return Some(Val::new(self.num.add(&o.num)?, self.den.clone(), float));
         }
-        Some(Val {
-            num: self.num.mul(&o.den)?.add(&o.num.mul(&self.den)?)?,
-            den: self.den.mul(&o.den)?,
-        })
+        let num = self.num.mul(&o.den)?.add(&o.num.mul(&self.den)?)?;
+        Some(Val::new(num, self.den.mul(&o.den)?, float))
     }
     fn neg(&self) -> Option<Val> {
-        Some(Val {
-            num: self.num.neg()?,
-            den: self.den.clone(),
-        })
+        Some(Val::new(self.num.neg()?, self.den.clone(), self.float))
     }
     fn mul(&self, o: &Val) -> Option<Val> {
-        Some(Val {
-            num: self.num.mul(&o.num)?,
-            den: self.den.mul(&o.den)?,
-        })
+        let float = self.float || o.float;
+        Some(Val::new(
+            self.num.mul(&o.num)?,
+            self.den.mul(&o.den)?,
+            float,
+        ))
     }
     fn recip(&self) -> Option<Val> {
         if self.num.terms.is_empty() {
             return None; // division by zero: sympy gives zoo/nan, never 0
         }
-        Some(Val {
-            num: self.den.clone(),
-            den: self.num.clone(),
-        })
+        Some(Val::new(self.den.clone(), self.num.clone(), self.float))
     }
     /// The value as a rational constant, if it is one.
     fn as_rational(&self) -> Option<Rat> {
@@ -276,18 +267,22 @@ impl Val {
         }
         let base = if k < 0 { self.recip()? } else { self.clone() };
         let mut r = Val::constant(Rat::ONE);
+        r.float = self.float;
         for _ in 0..k.abs() {
             r = r.mul(&base)?;
         }
         Some(r)
     }
     fn pow(&self, e: &Val) -> Option<Val> {
-        let e = e.as_rational()?;
-        match e.d {
-            1 => self.powi(e.n),
-            2 => sqrt_rational(self.as_rational()?)?.powi(e.n),
-            _ => None,
-        }
+        let float = self.float || e.float;
+        let q = e.as_rational()?;
+        let mut r = match q.d {
+            1 => self.powi(q.n)?,
+            2 => sqrt_rational(self.as_rational()?, float)?.powi(q.n)?,
+            _ => return None,
+        };
+        r.float = float;
+        Some(r)
     }
 }
 
@@ -323,8 +318,10 @@ fn square_free(n: i128) -> Option<(i128, i128)> {
     Some((s, m))
 }
 
-/// √q for a rational q ≥ 0: √(a/b) = √(a·b)/b = s·√m / b.
-fn sqrt_rational(q: Rat) -> Option<Val> {
+/// √q for a rational q ≥ 0: √(a/b) = √(a·b)/b = s·√m / b. sympy evaluates the root of a
+/// `Float` numerically, and such a number never equals a symbolic root: when `float` is set,
+/// an irrational result is outside the language.
+fn sqrt_rational(q: Rat, float: bool) -> Option<Val> {
     if q.n < 0 {
         return None;
     }
@@ -332,23 +329,28 @@ fn sqrt_rational(q: Rat) -> Option<Val> {
         return Some(Val::constant(Rat::ZERO));
     }
     let (s, m) = square_free(q.n.checked_mul(q.d)?)?;
+    if float && m != 1 {
+        return None;
+    }
     let coef = Rat::new(s, q.d)?;
     let mono = Mono {
         sqrt: u64::try_from(m).ok()?,
         pi: 0,
         syms: Vec::new(),
     };
-    Some(Val {
-        num: Poly::mono(mono, coef),
-        den: Poly::constant(Rat::ONE),
-    })
+    Some(Val::new(
+        Poly::mono(mono, coef),
+        Poly::constant(Rat::ONE),
+        float,
+    ))
 }
 
 // ---------------------------------------------------------------- tokens and parser
 
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
-    Num(Rat),
+    /// A number and whether it is a Python float literal (`.` or exponent).
+    Num(Rat, bool),
     Sym(char),
     Pi,
     Sqrt,
@@ -437,7 +439,8 @@ const GREEK: &[&str] = &[
     "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega",
 ];
 
-fn parse_number(c: &[char], i: &mut usize) -> Option<Rat> {
+fn parse_number(c: &[char], i: &mut usize) -> Option<(Rat, bool)> {
+    let begin = *i;
     let mut mant: i128 = 0;
     let mut scale: i32 = 0;
     let mut digits = 0;
@@ -486,12 +489,16 @@ fn parse_number(c: &[char], i: &mut usize) -> Option<Rat> {
     if scale.abs() > 30 {
         return None;
     }
+    let is_float = c[begin..*i]
+        .iter()
+        .any(|&ch| ch == '.' || ch == 'e' || ch == 'E');
     let p = 10i128.pow(scale.unsigned_abs());
-    if scale >= 0 {
-        Some(Rat::int(mant.checked_mul(p)?))
+    let q = if scale >= 0 {
+        Rat::int(mant.checked_mul(p)?)
     } else {
-        Rat::new(mant, p)
-    }
+        Rat::new(mant, p)?
+    };
+    Some((q, is_float))
 }
 
 fn tokenize(src: &str) -> Option<Vec<Tok>> {
@@ -505,7 +512,8 @@ fn tokenize(src: &str) -> Option<Vec<Tok>> {
         } else if ch.is_ascii_digit()
             || (ch == '.' && c.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
         {
-            out.push(Tok::Num(parse_number(&c, &mut i)?));
+            let (q, is_float) = parse_number(&c, &mut i)?;
+            out.push(Tok::Num(q, is_float));
         } else if ch.is_alphabetic() || ch == '_' {
             let start = i;
             while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
@@ -554,7 +562,7 @@ fn name_tokens(name: &str, out: &mut Vec<Tok>) -> Option<()> {
                             .checked_add(chars[i].to_digit(10)? as i128)?;
                         i += 1;
                     }
-                    out.push(Tok::Num(Rat::int(n)));
+                    out.push(Tok::Num(Rat::int(n), false));
                 } else if chars[i].is_alphabetic() {
                     out.push(Tok::Sym(chars[i]));
                     i += 1;
@@ -599,7 +607,7 @@ impl Parser {
     fn starts_atom(&self) -> bool {
         matches!(
             self.peek(),
-            Some(Tok::Num(_) | Tok::Sym(_) | Tok::Pi | Tok::Sqrt | Tok::LParen)
+            Some(Tok::Num(..) | Tok::Sym(_) | Tok::Pi | Tok::Sqrt | Tok::LParen)
         )
     }
     fn term(&mut self) -> Option<Val> {
@@ -634,7 +642,11 @@ impl Parser {
         let tok = self.peek()?.clone();
         self.i += 1;
         match tok {
-            Tok::Num(q) => Some(Val::constant(q)),
+            Tok::Num(q, is_float) => {
+                let mut v = Val::constant(q);
+                v.float = is_float;
+                Some(v)
+            }
             Tok::Sym(s) => Some(Val::mono(Mono {
                 sqrt: 1,
                 pi: 0,
@@ -653,7 +665,7 @@ impl Parser {
                 if !self.eat(&Tok::RParen) {
                     return None;
                 }
-                sqrt_rational(arg.as_rational()?)
+                sqrt_rational(arg.as_rational()?, arg.float)
             }
             Tok::LParen => {
                 let v = self.expr()?;
@@ -690,5 +702,9 @@ mod tests {
         assert!(!eq("sin(x)", "sin(x)"));
         assert!(!eq("sqrt(-1)", "sqrt(-1)"));
         assert!(!eq("1,2", "1,2"));
+        // sympy evaluates the root of a Float numerically: never equal to a symbolic root.
+        assert!(!eq("sqrt(0.5)", "sqrt(2)/2"));
+        assert!(eq("sqrt(0.25)", "1/2"));
+        assert!(eq("0.5sqrt(2)", "sqrt(2)/2"));
     }
 }

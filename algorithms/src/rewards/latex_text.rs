@@ -3,12 +3,14 @@
 //! expression parser then reads.
 //!
 //! * `{…}` groups render their content; `\frac{a}{b}` → `a/b`; `\sqrt{x}` → `√(x)`
-//!   (`\sqrt[n]{x}` → `n√(x)`); arguments are a braced group or a single token, after
+//!   (the degree of `\sqrt[n]{x}` is dropped, as pylatexenc 2.11 does); arguments are a braced group or a single token, after
 //!   optional spaces (so `\frac12` works);
 //! * `\text`, `\mathrm`, `\mathbf`, `\textbf`, `\operatorname`, … render their argument;
 //! * `\pi` → `π`, `\infty` → `∞`, `\cdot` → `·`, `\times` → `×`, `\cup` → `∪`, Greek letters
 //!   → their Unicode letters, `\%` `\$` `\{` `\}` `\_` `\&` `\#` → the character,
 //!   spacing macros (`\,` `\;` `\:` `\ ` `\quad`) → a space, `\!` → nothing, `\\` → newline;
+//! * function names (`\sin`, `\log`, …) render as their name; spaces after a macro name
+//!   are dropped (`\sin 30` → `sin30`);
 //! * `\left`, `\right`, sizing macros and unknown macros render as nothing (pylatexenc drops
 //!   unknown macros; their braced arguments then render as plain groups);
 //! * `~` → a no-break space; other characters are kept as they are.
@@ -85,6 +87,13 @@ fn optional_arg(c: &[char], pos: &mut usize) -> Option<String> {
     }
 }
 
+/// Function-name macros, rendered as their name (`\sin 30` → `sin30`).
+const OPERATOR_NAMES: [&str; 27] = [
+    "sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh",
+    "coth", "ln", "lg", "log", "exp", "max", "min", "sup", "inf", "lim", "arg", "deg", "det",
+    "dim", "gcd",
+];
+
 fn symbol(name: &str) -> Option<&'static str> {
     Some(match name {
         "pi" => "π",
@@ -139,6 +148,9 @@ fn symbol(name: &str) -> Option<&'static str> {
         "Phi" => "Φ",
         "Pi" => "Π",
         "Omega" => "Ω",
+        "emptyset" => "∅",
+        "dots" | "ldots" => "…",
+        "cdots" => "⋯",
         "quad" | "qquad" => " ",
         _ => return None,
     })
@@ -172,11 +184,9 @@ fn render_macro(c: &[char], pos: &mut usize, out: &mut String) {
             out.push_str(&format!("{a}/{b}"));
         }
         "sqrt" => {
-            let degree = optional_arg(c, pos);
+            // pylatexenc 2.11 drops the degree of `\sqrt[n]{x}`.
+            let _degree = optional_arg(c, pos);
             let x = render_arg(c, pos);
-            if let Some(d) = degree {
-                out.push_str(&d);
-            }
             out.push_str(&format!("√({x})"));
         }
         "text" | "textrm" | "textbf" | "textit" | "textsf" | "texttt" | "textup" | "textmd"
@@ -189,8 +199,14 @@ fn render_macro(c: &[char], pos: &mut usize, out: &mut String) {
         _ => {
             if let Some(s) = symbol(&name) {
                 out.push_str(s);
+            } else if OPERATOR_NAMES.contains(&name.as_str()) {
+                out.push_str(&name);
             }
-            // Unknown macros (and \left, \right, \big, ...) render as nothing.
+            // Unknown macros (and \left, \right, \big, ...) render as nothing. The spaces
+            // after a macro name are not part of the output.
+            while *pos < c.len() && c[*pos].is_whitespace() {
+                *pos += 1;
+            }
         }
     }
 }
@@ -209,5 +225,8 @@ mod tests {
         assert_eq!(latex_to_text("2\\pi"), "2π");
         assert_eq!(latex_to_text("\\text{cm}^2"), "cm^2");
         assert_eq!(latex_to_text("\\left(1,2\\right)"), "(1,2)");
+        assert_eq!(latex_to_text("\\sqrt[3]{2}"), "√(2)");
+        assert_eq!(latex_to_text("\\sin 30"), "sin30");
+        assert_eq!(latex_to_text("\\unknownmacro{5}"), "5");
     }
 }
