@@ -25,6 +25,9 @@ const PREFIX: &str = "model.language_model";
 /// Keys and values `[B, KV, S, D]` of one layer.
 type Kv<B> = (Tensor<B, 4>, Tensor<B, 4>);
 
+/// RoPE `cos`/`sin` tables `[B, 1, L, D]`.
+type CosSin<B> = (Tensor<B, 4>, Tensor<B, 4>);
+
 /// GeGLU MLP of a decoder layer (`intermediate_size`, doubled on KV-shared layers when
 /// `use_double_wide_mlp`).
 #[derive(Module, Debug)]
@@ -348,7 +351,7 @@ impl<B: Backend> TextModel<B> {
         // Attention biases, one per window (None = full layers), and RoPE tables per
         // (head dim, rotating pairs, θ), built once per forward.
         let mut biases: Vec<(Option<usize>, Tensor<B, 4>)> = Vec::new();
-        let mut ropes: Vec<((usize, usize, u64), Kv<B>)> = Vec::new();
+        let mut ropes: Vec<((usize, usize, u64), CosSin<B>)> = Vec::new();
         let mut kv_full: Vec<Option<Kv<B>>> = vec![None; self.layers.len()];
         let mut layer_outputs = Vec::new();
         let p = self.info.ple_dim;
@@ -391,7 +394,13 @@ impl<B: Backend> TextModel<B> {
                 layer_cache,
                 bias,
             );
-            kv_full[i] = Some(kv);
+            // Keep the K/V only where a later KV-shared layer reads it.
+            if self.info.layers[i + 1..]
+                .iter()
+                .any(|s| s.kv == KvSource::Shared(i))
+            {
+                kv_full[i] = Some(kv);
+            }
             let mut x = h + layer.post_attention_layernorm.forward(attn);
             x = x.clone()
                 + layer.post_feedforward_layernorm.forward(
@@ -445,7 +454,7 @@ impl<B: Backend> DecoderLayer<B> {
         spec: &LayerSpec,
         heads: usize,
         eps: f64,
-        (cos, sin): (Tensor<B, 4>, Tensor<B, 4>),
+        (cos, sin): CosSin<B>,
         kv_full: &[Option<Kv<B>>],
         cache: Option<&mut Option<Kv<B>>>,
         bias: Tensor<B, 4>,
