@@ -556,6 +556,26 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
             "{}: greedy tokens through `generate`",
             case.name
         );
+
+        // A row that stops early is dropped from the cache (shared-KV layers included); the
+        // other rows continue unchanged.
+        let rows: Vec<&[i64]> = exp_tokens.i.chunks(steps).collect();
+        let stop = rows[0].get(1).copied();
+        if let Some(stop) = stop.filter(|&t| {
+            b > 1 && steps > 2 && rows[0][0] != t && rows[1..].iter().all(|r| !r.contains(&t))
+        }) {
+            let config = GenerationConfig {
+                stop_token_ids: vec![stop as u32],
+                ..config
+            };
+            let generation = generate(&parts, &inputs, &config, &mut rng, &dev).unwrap();
+            assert_eq!(generation.tokens[0], vec![rows[0][0] as u32, stop as u32]);
+            assert!(generation.stopped[0]);
+            for (r, row) in rows.iter().enumerate().skip(1) {
+                let got: Vec<i64> = generation.tokens[r].iter().map(|&t| t as i64).collect();
+                assert_eq!(&got, row, "{}: row {r} after row 0 stopped", case.name);
+            }
+        }
         c.finish();
     }
 }
