@@ -149,7 +149,11 @@ fn prompts_json(p: &PromptBatch) -> Json {
 }
 
 fn rollouts_json(r: &RolloutBatch) -> Json {
-    let prompt = |i: usize| r.prompts.prompts.get(r.prompt_index[i]);
+    let prompt = |i: usize| {
+        r.prompt_index
+            .get(i)
+            .and_then(|&p| r.prompts.prompts.get(p))
+    };
     let n = r.len();
     json!({
         "size": n,
