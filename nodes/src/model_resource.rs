@@ -91,6 +91,32 @@ impl ModelResource {
             "model `{name}`: `{}` has no config.json (not a Hugging Face model directory)",
             dir.display()
         );
+        // The tokenizer is checked against config.json before any weight is read.
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("config.json"))
+                .with_context(|| format!("model `{name}`: reading {}/config.json", dir.display()))?,
+        )
+        .with_context(|| format!("model `{name}`: parsing {}/config.json", dir.display()))?;
+        let model_vocab = config
+            .get("text_config")
+            .and_then(|t| t.get("vocab_size"))
+            .or_else(|| config.get("vocab_size"))
+            .and_then(|v| v.as_u64());
+        let tokenizer = if dir.join("tokenizer.json").is_file() {
+            let t = flowrl_datasets::encoder::load_tokenizer(dir)?;
+            let vocab = t.get_vocab_size(true);
+            if let Some(model_vocab) = model_vocab {
+                ensure!(
+                    vocab as u64 <= model_vocab,
+                    "model `{name}`: the tokenizer in {} has {vocab} tokens but the model's vocabulary \
+                     (config.json vocab_size) has {model_vocab}: tokenizer and weights do not belong together",
+                    dir.display()
+                );
+            }
+            Some(Arc::new(t))
+        } else {
+            None
+        };
         let device = TrainDevice::default();
         let model = match random_seed {
             None => Model::<TrainBackend>::load(dir, &device)
@@ -100,20 +126,6 @@ impl ModelResource {
                 Model::<TrainBackend>::random(&config, &device, seed)
                     .with_context(|| format!("model `{name}`: random init from {}", dir.display()))?
             }
-        };
-        let tokenizer = if dir.join("tokenizer.json").is_file() {
-            let t = flowrl_datasets::encoder::load_tokenizer(dir)?;
-            let vocab = t.get_vocab_size(true);
-            let model_vocab = model.causal_lm().vocab_size();
-            ensure!(
-                vocab <= model_vocab,
-                "model `{name}`: the tokenizer in {} has {vocab} tokens but the model's vocabulary \
-                 has {model_vocab} rows: tokenizer and weights do not belong together",
-                dir.display()
-            );
-            Some(Arc::new(t))
-        } else {
-            None
         };
         Ok(Self::from_model(name, dir, trainable, tokenizer, model, device))
     }
