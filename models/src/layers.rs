@@ -8,6 +8,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
+use burn::tensor::DType;
 use burn::tensor::activation::{sigmoid, softmax};
 
 use crate::weights::{Init, WeightSource, WeightVisitor};
@@ -116,12 +117,17 @@ impl<B: Backend> LayerNorm<B> {
         sink.put(&format!("{prefix}.bias"), self.bias.val());
     }
 
+    /// Computed in f32, result in the input's dtype.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dtype = x.dtype();
+        let x = x.cast(DType::F32);
         let mean = x.clone().mean_dim(D - 1);
         let centered = x - mean;
         let var = centered.clone().powi_scalar(2).mean_dim(D - 1);
         let x = centered * (var + self.eps).sqrt().recip();
-        x * self.weight.val().unsqueeze::<D>() + self.bias.val().unsqueeze::<D>()
+        let w = self.weight.val().cast(DType::F32).unsqueeze::<D>();
+        let b = self.bias.val().cast(DType::F32).unsqueeze::<D>();
+        (x * w + b).cast(dtype)
     }
 }
 
@@ -184,13 +190,15 @@ pub fn rotate_half<const D: usize, B: Backend>(x: Tensor<B, D>) -> Tensor<B, D> 
     Tensor::cat(vec![x2.neg(), x1], D - 1)
 }
 
-/// Rotate-half RoPE: `x·cos + rotate_half(x)·sin` (cos/sin broadcast against `x`).
+/// Rotate-half RoPE: `x·cos + rotate_half(x)·sin` (cos/sin broadcast against `x`, cast to its
+/// dtype).
 pub fn apply_rotary<const D: usize, B: Backend>(
     x: Tensor<B, D>,
     cos: Tensor<B, D>,
     sin: Tensor<B, D>,
 ) -> Tensor<B, D> {
-    x.clone() * cos + rotate_half(x) * sin
+    let dtype = x.dtype();
+    x.clone() * cos.cast(dtype) + rotate_half(x) * sin.cast(dtype)
 }
 
 /// RoPE inverse frequencies `1 / theta^(2i/dim)`, i = 0..dim/2 − 1 (computed in f64, stored f32).
@@ -272,7 +280,8 @@ pub fn causal_padding_window_bias<B: Backend>(
 /// Bias of masked attention entries.
 pub const MASKED: f32 = -1.0e30;
 
-/// `softmax(q·kᵀ·scale + bias)·v` with q `[.., L, d]`, k, v `[.., T, d]`.
+/// `softmax(q·kᵀ·scale + bias)·v` with q `[.., L, d]`, k, v `[.., T, d]`; the bias and the
+/// softmax in f32 (HF eager attention), the result in q's dtype.
 pub fn attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -280,11 +289,12 @@ pub fn attention<B: Backend>(
     bias: Option<Tensor<B, 4>>,
     scale: f64,
 ) -> Tensor<B, 4> {
-    let mut scores = q.matmul(k.transpose()) * scale;
+    let dtype = q.dtype();
+    let mut scores = (q.matmul(k.transpose()) * scale).cast(DType::F32);
     if let Some(b) = bias {
-        scores = scores + b;
+        scores = scores + b.cast(DType::F32);
     }
-    softmax(scores, 3).matmul(v)
+    softmax(scores, 3).cast(dtype).matmul(v)
 }
 
 /// `[batch, kv_heads, T, d]` → `[batch, kv_heads·group, T, d]`: query head j uses kv head

@@ -17,7 +17,7 @@ use crate::capabilities::{
 };
 use crate::gemma4::{Gemma4, Gemma4Config};
 use crate::qwen2_vl::{QwenVl, QwenVlConfig};
-use crate::weights::{Checkpoint, RandomInit, WeightSink, WeightSource, WeightVisitor};
+use crate::weights::{Checkpoint, Precision, RandomInit, WeightSink, WeightSource, WeightVisitor};
 
 /// A model of any registered family.
 // One value per loaded model, so the size difference between variants costs nothing.
@@ -65,11 +65,21 @@ impl<B: Backend> Model<B> {
     /// of `model.safetensors.index.json`. Missing, unexpected and mis-shaped tensors are all
     /// reported, by name, in one error.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Self::load_with_precision(dir, device, Precision::F32)
+    }
+
+    /// [`Model::load`] with the weights created in `precision` (bf16/f16 for CUDA; checkpoints
+    /// of any stored float dtype are converted).
+    pub fn load_with_precision(
+        dir: &Path,
+        device: &B::Device,
+        precision: Precision,
+    ) -> Result<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         let config = parse_config(&text).with_context(|| format!("in {}", path.display()))?;
-        let mut ckpt = Checkpoint::<B>::open(dir, device)?;
+        let mut ckpt = Checkpoint::<B>::open(dir, device)?.with_precision(precision);
         let model = Self::build(&config, &mut ckpt);
         ckpt.finish()?;
         Ok(model)
@@ -79,12 +89,22 @@ impl<B: Backend> Model<B> {
     /// normal weights with the config's `initializer_range` (0.02 when absent), zero biases,
     /// unit norm weights; deterministic in `seed`.
     pub fn random(config_json: &str, device: &B::Device, seed: u64) -> Result<Self> {
+        Self::random_with_precision(config_json, device, seed, Precision::F32)
+    }
+
+    /// [`Model::random`] with the weights created in `precision`.
+    pub fn random_with_precision(
+        config_json: &str,
+        device: &B::Device,
+        seed: u64,
+        precision: Precision,
+    ) -> Result<Self> {
         let config = parse_config(config_json)?;
         let std = match &config {
             FamilyConfig::QwenVl(c) => c.text.initializer_range as f32,
             FamilyConfig::Gemma4(c) => c.initializer_range() as f32,
         };
-        let mut src = RandomInit::<B>::new(device, seed, std);
+        let mut src = RandomInit::<B>::new(device, seed, std).with_precision(precision);
         Ok(Self::build(&config, &mut src))
     }
 

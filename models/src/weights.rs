@@ -13,6 +13,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use burn::prelude::*;
+use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
@@ -30,9 +31,43 @@ pub enum Init {
     Const(f32),
 }
 
+/// Floating-point precision of a model's weights (and so of its activations; norms, softmax and
+/// logits are computed in f32 whatever the precision, as transformers does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    #[default]
+    F32,
+    BF16,
+    F16,
+}
+
+impl Precision {
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::BF16 => DType::BF16,
+            Precision::F16 => DType::F16,
+        }
+    }
+
+    /// `"f32"`, `"bf16"` or `"f16"` (also `"float32"`, `"bfloat16"`, `"float16"`).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "f32" | "float32" => Ok(Precision::F32),
+            "bf16" | "bfloat16" => Ok(Precision::BF16),
+            "f16" | "float16" => Ok(Precision::F16),
+            other => bail!("unknown precision `{other}`; expected f32, bf16 or f16"),
+        }
+    }
+}
+
 /// Where layers get their weights from.
 pub trait WeightSource<B: Backend> {
     fn device(&self) -> B::Device;
+    /// Float dtype of the created weights.
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
     /// Host values of tensor `name` with `shape` (row-major f32).
     fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> Vec<f32>;
     /// Marks `name` as consumed if present (e.g. a stored `lm_head.weight` of a tied model).
@@ -48,7 +83,7 @@ impl<B: Backend> dyn WeightSource<B> + '_ {
         init: Init,
     ) -> Tensor<B, D> {
         let data = self.take_data(name, &shape, init);
-        Tensor::from_data(TensorData::new(data, shape), &self.device())
+        Tensor::from_data(TensorData::new(data, shape), (&self.device(), self.dtype()))
     }
 
     pub fn take1(&mut self, name: &str, shape: [usize; 1], init: Init) -> Tensor<B, 1> {
@@ -85,6 +120,7 @@ pub struct Checkpoint<B: Backend> {
     missing: Vec<String>,
     misshaped: Vec<String>,
     dir: String,
+    precision: Precision,
 }
 
 impl<B: Backend> Checkpoint<B> {
@@ -143,7 +179,14 @@ impl<B: Backend> Checkpoint<B> {
             missing: Vec::new(),
             misshaped: Vec::new(),
             dir: dir.display().to_string(),
+            precision: Precision::F32,
         })
+    }
+
+    /// Creates the weights in `precision` (default f32).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
     }
 
     /// Every missing, mis-shaped or unexpected tensor, in one error.
@@ -199,6 +242,10 @@ impl<B: Backend> WeightSource<B> for Checkpoint<B> {
         self.device.clone()
     }
 
+    fn dtype(&self) -> DType {
+        self.precision.dtype()
+    }
+
     fn take_data(&mut self, name: &str, shape: &[usize], _init: Init) -> Vec<f32> {
         let n = shape.iter().product();
         match self.tensors.get(name) {
@@ -234,6 +281,7 @@ pub struct RandomInit<B: Backend> {
     device: B::Device,
     rng: StdRng,
     std: f32,
+    precision: Precision,
 }
 
 impl<B: Backend> RandomInit<B> {
@@ -242,7 +290,14 @@ impl<B: Backend> RandomInit<B> {
             device: device.clone(),
             rng: StdRng::seed_from_u64(seed),
             std,
+            precision: Precision::F32,
         }
+    }
+
+    /// Creates the weights in `precision` (default f32).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
     }
 
     /// One standard normal draw (Box–Muller).
@@ -256,6 +311,10 @@ impl<B: Backend> RandomInit<B> {
 impl<B: Backend> WeightSource<B> for RandomInit<B> {
     fn device(&self) -> B::Device {
         self.device.clone()
+    }
+
+    fn dtype(&self) -> DType {
+        self.precision.dtype()
     }
 
     fn take_data(&mut self, _name: &str, shape: &[usize], init: Init) -> Vec<f32> {

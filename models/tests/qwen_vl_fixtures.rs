@@ -21,6 +21,10 @@ const FAMILIES: &[&str] = &["qwen2_vl", "qwen2_5_vl"];
 const TOL: f64 = 2e-5;
 /// README §7: gradients within 1e-3 · max |e| per tensor, "can be tightened" (observed ≤ 5e-6).
 const GRAD_TOL: f64 = 1e-4;
+/// Reduced precision: bf16 keeps 8 mantissa bits (relative step 2⁻⁸ ≈ 4e-3 per rounding).
+const BF16_TOL: f64 = 0.1;
+/// f16 keeps 11 mantissa bits.
+const F16_TOL: f64 = 0.02;
 
 struct Case {
     name: String,
@@ -398,5 +402,44 @@ fn qwen_vl_fixture_gradients_match_transformers() {
             "{}: no grad.* tensors in the fixture",
             case.name
         );
+    }
+}
+
+/// bf16 / f16 weights on the CPU backend: the same forward runs with every weight in the reduced
+/// precision (norms, softmax and logits in f32) and stays close to the f32 reference.
+#[test]
+fn reduced_precision_forward_stays_close() {
+    use flowrl_models::weights::Precision;
+    let device = Default::default();
+    for dir in model_cases(FAMILIES) {
+        let case = read_case(&dir);
+        let batch = &case.batch;
+        for (precision, tol) in [(Precision::BF16, BF16_TOL), (Precision::F16, F16_TOL)] {
+            let model = Model::<Flex>::load_with_precision(&dir, &device, precision).unwrap();
+            let lm = model.causal_lm();
+            let embeds = model
+                .input_embeddings(batch, &case.images, &device)
+                .unwrap();
+            assert_eq!(embeds.dtype(), precision.dtype());
+            let pos = model.position_ids(batch, &case.images).unwrap();
+            let hidden = lm.forward_hidden(
+                batch.ids_tensor(&device),
+                embeds,
+                pos.tensor(&device),
+                batch.mask_tensor(&device),
+                None,
+            );
+            let logits = lm.lm_head(hidden);
+            let vocab = lm.vocab_size();
+            let e = &case.expected["logits"];
+            let (dev, scale) = max_dev(&host(logits), &e.values, real_rows(batch, vocab));
+            let rel = dev / scale.max(1.0);
+            eprintln!("{} {precision:?}: logits rel {rel:.2e}", case.name);
+            assert!(
+                rel <= tol,
+                "{}: {precision:?} logits deviate by {rel:e}",
+                case.name
+            );
+        }
     }
 }

@@ -7,6 +7,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
+use burn::tensor::DType;
 
 use super::config::TextConfig;
 use crate::capabilities::KvCache;
@@ -241,7 +242,7 @@ impl<B: Backend> TextModel<B> {
         self.norm.forward(h)
     }
 
-    /// `hidden · Wᵀ` with the LM head (or the tied embedding table).
+    /// `hidden · Wᵀ` with the LM head (or the tied embedding table), returned in f32.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let w = match &self.lm_head {
             Some(w) => w.val(),
@@ -253,5 +254,6 @@ impl<B: Backend> TextModel<B> {
             .reshape([b * l, d])
             .matmul(w.transpose())
             .reshape([b, l, v])
+            .cast(DType::F32)
     }
 }

@@ -10,6 +10,7 @@
 use anyhow::{Result, ensure};
 use burn::module::Param;
 use burn::prelude::*;
+use burn::tensor::DType;
 use burn::tensor::activation::softmax;
 
 use super::config::{Flavor, VisionConfig};
@@ -169,11 +170,12 @@ impl<B: Backend> VisionBlock<B> {
             let qs = q.clone().narrow(1, start, len);
             let ks = k.clone().narrow(1, start, len);
             let vs = v.clone().narrow(1, start, len);
-            let mut scores = qs.matmul(ks.transpose()) * scale;
+            let dtype = qs.dtype();
+            let mut scores = (qs.matmul(ks.transpose()) * scale).cast(DType::F32);
             if let Some(Some(b)) = biases.map(|b| &b[s]) {
-                scores = scores + b.clone().unsqueeze_dim(0);
+                scores = scores + b.clone().cast(DType::F32).unsqueeze_dim(0);
             }
-            outs.push(softmax(scores, 2).matmul(vs));
+            outs.push(softmax(scores, 2).cast(dtype).matmul(vs));
         }
         let attn = Tensor::cat(outs, 1).swap_dims(0, 1).reshape([n, width]);
         let x = x + self.proj.forward(attn);
@@ -343,7 +345,7 @@ impl<B: Backend> VisionTower<B> {
         let head_dim = c.width / c.num_heads;
 
         let weight = self.patch_embed.val().reshape([c.width, c.patch_dim()]);
-        let mut x = pixel_values.matmul(weight.transpose());
+        let mut x = pixel_values.cast(weight.dtype()).matmul(weight.transpose());
         if let Some(t) = trace.as_deref_mut() {
             t.patch_embeds = Some(x.clone());
         }
