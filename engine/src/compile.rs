@@ -503,6 +503,12 @@ impl Compiler<'_> {
             if let Some(i) = inputs {
                 spans.keys.insert("inputs".into(), i.key_span);
                 spans.values.insert("inputs".into(), i.value.span);
+                for e in i.value.as_table().map_or(&[][..], |t| &t.entries) {
+                    spans.keys.insert(format!("inputs.{}", e.key), e.key_span);
+                    spans
+                        .values
+                        .insert(format!("inputs.{}", e.key), e.value.span);
+                }
             }
             let mut refs = Vec::new();
             let params = match &kind {

@@ -45,7 +45,9 @@ impl NodeKind for GaussianWalk {
                 .default(1.0)
                 .gt(0.0)
                 .doc("step standard deviation"),
-            ParamSpec::float("start").default(0.0).doc("initial position"),
+            ParamSpec::float("start")
+                .default(0.0)
+                .doc("initial position"),
         ]
     }
     fn timing_key(&self) -> Option<&str> {
