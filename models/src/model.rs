@@ -199,7 +199,17 @@ impl<B: Backend> Model<B> {
                 let image_embeds = v.embed_images(images, device)?;
                 scatter_image_embeddings(embeds, &batch.ids, v.image_token_id(), image_embeds)
             }
-            Some(_) => Ok(embeds),
+            Some(v) => {
+                let n = batch
+                    .ids
+                    .iter()
+                    .filter(|&&t| t == v.image_token_id())
+                    .count();
+                if n > 0 {
+                    bail!("the prompts hold {n} image tokens but no images were given");
+                }
+                Ok(embeds)
+            }
             None if images.is_empty() => Ok(embeds),
             None => bail!("model `{}` takes no images", self.model_type()),
         }

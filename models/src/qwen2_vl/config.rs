@@ -166,6 +166,11 @@ impl QwenVlConfig {
                 head_dim / 2
             );
         }
+        if lookup("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            bail!(
+                "config.json: use_sliding_window = true is not supported (Qwen2 VL checkpoints use full attention)"
+            );
+        }
         let tie_word_embeddings = get(root, "tie_word_embeddings")
             .or_else(|| get(text, "tie_word_embeddings"))
             .and_then(Value::as_bool)
