@@ -102,6 +102,7 @@ pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
         columns,
         skip_mismatched_rows: true,
         check_images: true,
+        verl_image_patch_size: None,
     };
     let file = read_verl_file(&args.file, &options)?;
     let num_images: usize = file.rows.iter().map(|r| r.images.len()).sum();

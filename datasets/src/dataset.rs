@@ -215,20 +215,25 @@ pub struct PromptDataset {
     report: LoadReport,
 }
 
-/// Decodes the encoded pictures of a row (errors name file, row and image column).
+/// Decodes the encoded pictures of a row (errors name file, row and image column), with verl's
+/// pre-processor resize when [`ReadOptions::verl_image_patch_size`] is set.
 pub fn decode_row_images(row: &VerlRow, options: &ReadOptions) -> Result<Vec<RgbImage>, DataError> {
     let col = options.columns.image_key.as_deref().unwrap_or("images");
     row.images
         .iter()
         .enumerate()
         .map(|(k, img)| {
-            crate::images::decode_rgb(&img.bytes).map_err(|m| {
+            let rgb = crate::images::decode_rgb(&img.bytes).map_err(|m| {
                 DataError::cell(
                     &row.source.file,
                     row.source.row,
                     col,
                     format!("image {k}: {m}"),
                 )
+            })?;
+            Ok(match options.verl_image_patch_size {
+                Some(p) => crate::images::verl_fetch_resize(&rgb, p),
+                None => rgb,
             })
         })
         .collect()

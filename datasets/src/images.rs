@@ -9,8 +9,10 @@
 //!   `t = x + 128` (Pillow `Paste.c`);
 //! - grey + alpha (`LA`) keeps the grey value and drops alpha (Pillow `convert("RGB")`).
 //!
-//! Resizing and normalisation are not done here: they belong to the model's image processor
-//! (`flowrl_models::capabilities::ImageProcessor`).
+//! Resizing and normalisation belong to the model's image processor
+//! (`flowrl_models::capabilities::ImageProcessor`). The one exception is [`verl_fetch_resize`],
+//! the resize verl's `process_image` applies *before* the processor (`qwen_vl_utils.fetch_image`),
+//! available as an opt-in for exact verl parity.
 
 use image::{DynamicImage, ImageFormat, RgbImage};
 
@@ -80,6 +82,51 @@ pub fn to_rgb(image: DynamicImage) -> RgbImage {
     }
 }
 
+/// `qwen_vl_utils.smart_resize(h, w, factor, min_pixels, max_pixels)` → `(h', w')`:
+///
+/// ```text
+/// h' = max(f, round(h/f)·f) ; w' = max(f, round(w/f)·f)          (Python round: ties to even)
+/// if h'·w' > max:  β = √(h·w/max); h' = ⌊h/β/f⌋·f; w' = ⌊w/β/f⌋·f
+/// elif h'·w' < min: β = √(min/(h·w)); h' = ⌈h·β/f⌉·f; w' = ⌈w·β/f⌉·f
+/// ```
+/// (It differs from transformers' `smart_resize` only in the `max(f, ·)` of the first line.)
+pub fn qwen_vl_utils_smart_resize(
+    height: u32,
+    width: u32,
+    factor: u32,
+    min_pixels: u64,
+    max_pixels: u64,
+) -> (u32, u32) {
+    let (h, w, f) = (f64::from(height), f64::from(width), f64::from(factor));
+    let mut hb = f.max((h / f).round_ties_even() * f);
+    let mut wb = f.max((w / f).round_ties_even() * f);
+    if hb * wb > max_pixels as f64 {
+        let beta = (h * w / max_pixels as f64).sqrt();
+        hb = (h / beta / f).floor() * f;
+        wb = (w / beta / f).floor() * f;
+    } else if hb * wb < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (h * w)).sqrt();
+        hb = (h * beta / f).ceil() * f;
+        wb = (w * beta / f).ceil() * f;
+    }
+    (hb as u32, wb as u32)
+}
+
+/// verl's pre-processor resize (`verl.utils.dataset.vision_utils.process_image` →
+/// `qwen_vl_utils.fetch_image(image, image_patch_size)`): factor `f = 2·image_patch_size`,
+/// `min_pixels = 4·f²`, `max_pixels = 16384·f²`, then Pillow's default (bicubic)
+/// `Image.resize` to [`qwen_vl_utils_smart_resize`]'s size. With Qwen2-VL's own pixel limits
+/// (3136 and 12845056 for patch size 14) the processor's resize then changes nothing.
+pub fn verl_fetch_resize(image: &RgbImage, image_patch_size: u32) -> RgbImage {
+    let f = 2 * image_patch_size;
+    let f2 = u64::from(f) * u64::from(f);
+    let (h, w) = qwen_vl_utils_smart_resize(image.height(), image.width(), f, 4 * f2, 16384 * f2);
+    if (w, h) == image.dimensions() {
+        return image.clone();
+    }
+    flowrl_models::image::resize_bicubic(image, w, h)
+}
+
 /// Pillow's `Image.paste(rgba, mask=alpha)` onto a white RGB canvas.
 fn composite_on_white(rgba: &image::RgbaImage) -> RgbImage {
     let (w, h) = rgba.dimensions();
@@ -132,6 +179,26 @@ mod tests {
         let img = GrayAlphaImage::from_fn(1, 1, |_, _| LumaA([77, 0]));
         let rgb = decode_rgb(&png(DynamicImage::ImageLumaA8(img))).unwrap();
         assert_eq!(rgb.get_pixel(0, 0).0, [77, 77, 77]);
+    }
+
+    #[test]
+    fn verl_fetch_resize_rounds_to_the_factor() {
+        // 100x70: h 70/28 = 2.5 → 2 (ties to even) → 56; w 100/28 ≈ 3.57 → 112.
+        assert_eq!(
+            qwen_vl_utils_smart_resize(70, 100, 28, 3136, 12845056),
+            (56, 112)
+        );
+        // Too small: scaled up to at least 4·28² pixels.
+        assert_eq!(
+            qwen_vl_utils_smart_resize(20, 30, 28, 3136, 12845056),
+            (56, 84)
+        );
+        let img = RgbImage::from_fn(100, 70, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let out = verl_fetch_resize(&img, 14);
+        assert_eq!(out.dimensions(), (112, 56));
+        assert_eq!(out, flowrl_models::image::resize_bicubic(&img, 112, 56));
+        let exact = RgbImage::new(56, 56);
+        assert_eq!(verl_fetch_resize(&exact, 14), exact);
     }
 
     #[test]

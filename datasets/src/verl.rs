@@ -124,6 +124,11 @@ pub struct ReadOptions {
     pub skip_mismatched_rows: bool,
     /// Decode every image while reading, so a corrupt image fails here, not mid-run.
     pub check_images: bool,
+    /// When set, pictures get verl's pre-processor resize
+    /// ([`crate::images::verl_fetch_resize`]) with this `image_patch_size` (verl's
+    /// `data.image_patch_size`, 14 for Qwen2-VL) before the model's processor sees them. Off by
+    /// default: with a processor whose pixel limits are qwen_vl_utils' defaults it changes nothing.
+    pub verl_image_patch_size: Option<u32>,
 }
 
 impl Default for ReadOptions {
@@ -132,6 +137,7 @@ impl Default for ReadOptions {
             columns: VerlColumns::default(),
             skip_mismatched_rows: false,
             check_images: true,
+            verl_image_patch_size: None,
         }
     }
 }

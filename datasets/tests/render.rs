@@ -285,3 +285,38 @@ fn verl_row_through_gemma4_processor_gives_the_fixture_ids() {
     );
     assert_eq!(b.prompts[0].text, expected["prompt"].as_str().unwrap());
 }
+
+/// verl's pre-processor resize (qwen_vl_utils.fetch_image, patch size 14) followed by Qwen2-VL's
+/// processor gives the processor's own result when the processor's pixel limits hold the
+/// picture: the same target size, one Pillow-exact bicubic resize.
+#[test]
+fn verl_fetch_resize_then_qwen_processor_equals_the_processor_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = qwen_model_dir(tmp.path());
+    let enc = PromptEncoder::from_model_dir(&model).unwrap();
+    let plain = ReadOptions::default();
+    let verl = ReadOptions {
+        verl_image_patch_size: Some(14),
+        ..ReadOptions::default()
+    };
+    let path = fixtures().join("verl_geo3k_sample/train.parquet");
+    let file = read_verl_file(&path, &plain).unwrap();
+    let mut resized = 0;
+    for row in &file.rows {
+        let a = decode_row_images(row, &plain).unwrap();
+        let b = decode_row_images(row, &verl).unwrap();
+        resized += a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.dimensions() != y.dimensions())
+            .count();
+        let ea = enc.encode(&row.messages, &a, true).unwrap();
+        let eb = enc.encode(&row.messages, &b, true).unwrap();
+        assert_eq!(ea.input_ids, eb.input_ids, "row {}", row.source.row);
+        assert_eq!(ea.images, eb.images, "row {}", row.source.row);
+    }
+    assert!(
+        resized > 0,
+        "the sample has sizes that are not multiples of 28"
+    );
+}

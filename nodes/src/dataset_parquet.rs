@@ -53,6 +53,7 @@ struct DatasetParams {
     ground_truth_key: String,
     data_source_key: String,
     skip_mismatched_rows: bool,
+    verl_image_patch_size: Option<u32>,
 }
 
 impl DatasetParams {
@@ -77,6 +78,7 @@ impl DatasetParams {
                 },
                 skip_mismatched_rows: self.skip_mismatched_rows,
                 check_images: true,
+                verl_image_patch_size: self.verl_image_patch_size,
             },
             max_prompt_length: self.max_prompt_length,
             truncation,
@@ -142,6 +144,10 @@ impl NodeKind for DatasetParquet {
                 .default("reward_model.ground_truth")
                 .doc("dotted path of the reference answer"),
             ParamSpec::string("data_source_key").default("data_source").doc("column of the reward selector"),
+            ParamSpec::int("verl_image_patch_size").min(1.0).doc(
+                "resize pictures like verl's process_image (qwen_vl_utils.fetch_image with this \
+                 image_patch_size, e.g. 14) before the model's processor; unset = processor only",
+            ),
             ParamSpec::bool("skip_mismatched_rows")
                 .default(false)
                 .doc("drop rows whose <image> count differs from their image count (counted in data/skipped_mismatched)"),
