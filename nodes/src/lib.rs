@@ -19,6 +19,8 @@ pub mod train;
 pub mod update_ppo;
 pub mod update_sft;
 pub mod validate;
+pub mod debug_print;
+pub mod sink_jsonl;
 pub mod values;
 
 pub use values::{AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix};
