@@ -22,5 +22,15 @@ pub mod validate;
 pub mod debug_print;
 pub mod sink_jsonl;
 pub mod values;
+pub mod advantage_grpo;
+pub mod advantage_reinforce_pp;
+pub mod advantage_reinforce_pp_baseline;
+pub mod advantage_rloo;
+pub mod advantage_support;
+pub mod reward_combined;
+pub mod reward_exact_match;
+pub mod reward_format;
+pub mod reward_geo3k;
+pub mod reward_support;
 
 pub use values::{AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix};
