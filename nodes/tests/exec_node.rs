@@ -29,7 +29,7 @@ const RESPONSES: &[(&str, &str)] = &[
     ("<think>a\nb</think>\n\\boxed{x^2}", "x^2"),
 ];
 
-fn rollouts() -> RolloutBatch {
+fn rollouts(repeat: usize) -> RolloutBatch {
     let b = RESPONSES.len();
     let t = 4;
     let mut mask = TokenMatrix::zeros(b, t);
@@ -52,12 +52,12 @@ fn rollouts() -> RolloutBatch {
         sampling_log_probs: TokenMatrix::zeros(b, t),
         ground_truth: RESPONSES.iter().map(|r| r.1.to_string()).collect(),
         data_source: vec!["test".into(); b],
-        response_text: RESPONSES.iter().map(|r| r.0.to_string()).collect(),
+        response_text: RESPONSES.iter().map(|r| r.0.repeat(repeat)).collect(),
         truncated: vec![false; b],
     }
 }
 
-/// `test.rollouts`: emits the fixed batch above every step.
+/// `test.rollouts`: emits the fixed batch above every step (each text repeated `repeat` times).
 struct FakeRollouts;
 impl NodeKind for FakeRollouts {
     fn name(&self) -> &str {
@@ -73,16 +73,17 @@ impl NodeKind for FakeRollouts {
         vec![PortSpec::new("rollouts", ROLLOUTS)]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        Vec::new()
+        vec![ParamSpec::int("repeat").default(1).min(1.0)]
     }
-    fn build(&self, _: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
-        Ok(Box::new(FakeRolloutsNode))
+    fn build(&self, params: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        let repeat = params.get_i64("repeat").unwrap_or(1) as usize;
+        Ok(Box::new(FakeRolloutsNode(repeat)))
     }
 }
-struct FakeRolloutsNode;
+struct FakeRolloutsNode(usize);
 impl Node for FakeRolloutsNode {
     fn run(&mut self, _: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
-        Ok(Outputs::new().with_opaque("rollouts", rollouts()))
+        Ok(Outputs::new().with_opaque("rollouts", rollouts(self.0)))
     }
 }
 
@@ -452,6 +453,31 @@ fn never_answering_a_request_is_a_timeout_error() {
         collect.0.lock().unwrap().is_empty(),
         "nothing downstream ran"
     );
+}
+
+#[test]
+fn a_program_that_stops_reading_cannot_block_a_large_request() {
+    // About 1.7 MB of request, far more than a pipe buffer, to a program that never reads stdin.
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        dir.path(),
+        "nr.py",
+        &format!("{HELLO}\nhello()\ntime.sleep(30)\n"),
+    );
+    let collect = Collect::default();
+    let text = graph(&["python3", &prog], "timeout_s = 1").replace(
+        "kind = \"test.rollouts\"",
+        "kind = \"test.rollouts\"\nrepeat = 10000",
+    );
+    let mut s = session(&text, &collect);
+    let t = std::time::Instant::now();
+    let e = format!("{:#}", step(&mut s, 0).unwrap_err());
+    assert!(
+        e.contains("the program did not answer step 1 within 1 s"),
+        "{e}"
+    );
+    drop(s);
+    assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
 }
 
 #[test]

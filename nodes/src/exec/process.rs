@@ -1,8 +1,10 @@
 //! The external program of an `exec` node as a child process: JSON lines in on stdin, JSON lines
 //! out on stdout, stderr kept as a tail for error messages.
 //!
-//! Reading happens on two threads (stdout lines go through a channel so that a read can time out;
-//! stderr is drained into a bounded tail so that a chatty program never blocks on a full pipe).
+//! Each pipe has its own thread: requests are written by a writer thread (so a program that stops
+//! reading cannot block flowrl on a full pipe: the read timeout still fires), stdout lines come
+//! through a channel (so that a read can time out), and stderr is drained into a bounded tail (so
+//! that a chatty program never blocks on a full pipe).
 //! Dropping a [`Process`] closes its stdin, gives it a short grace period to exit on end of input,
 //! then kills it: a program never outlives its node.
 //!
@@ -11,8 +13,8 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -61,7 +63,8 @@ pub fn seconds(d: Duration) -> String {
 /// A running program.
 pub struct Process {
     child: Child,
-    stdin: Option<ChildStdin>,
+    /// Lines for the writer thread; dropping it closes the program's stdin.
+    stdin: Option<Sender<String>>,
     lines: Receiver<String>,
     stderr: Arc<Mutex<VecDeque<String>>>,
     stderr_thread: Option<JoinHandle<()>>,
@@ -122,7 +125,20 @@ impl Process {
                 }
             }
         });
-        let stdin = child.stdin.take();
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        let (stdin, requests) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in requests {
+                let ok = pipe
+                    .write_all(line.as_bytes())
+                    .and_then(|_| pipe.write_all(b"\n"))
+                    .and_then(|_| pipe.flush());
+                if ok.is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = Some(stdin);
         Ok(Process {
             child,
             stdin,
@@ -132,17 +148,14 @@ impl Process {
         })
     }
 
-    /// Writes one line (a newline is appended) and flushes.
+    /// Queues one line for the program's stdin (a newline is appended). A program that stopped
+    /// reading shows up as a timeout or an exit on the next [`Process::recv`].
     pub fn send(&mut self, line: &str) -> Result<(), Fault> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .ok_or_else(|| Fault::Write("stdin already closed".into()))?;
-        stdin
-            .write_all(line.as_bytes())
-            .and_then(|_| stdin.write_all(b"\n"))
-            .and_then(|_| stdin.flush())
-            .map_err(|e| Fault::Write(e.to_string()))
+        self.stdin
+            .as_ref()
+            .ok_or_else(|| Fault::Write("stdin already closed".into()))?
+            .send(line.to_string())
+            .map_err(|_| Fault::Write("its stdin is closed".into()))
     }
 
     /// The next line of stdout, waiting at most `timeout`. Blank lines are skipped.
