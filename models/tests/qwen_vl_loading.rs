@@ -233,3 +233,75 @@ fn random_model_is_deterministic_and_round_trips() {
     assert!(v.iter().all(|x| x.is_finite()));
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// Dropping finished rows from the KV cache leaves the remaining rows' next step unchanged.
+#[test]
+fn kv_cache_select_rows_keeps_the_remaining_rows() {
+    use burn::prelude::*;
+    use flowrl_models::capabilities::mask_tensor;
+    let device = Default::default();
+    let dir = model_cases(FAMILIES)
+        .into_iter()
+        .next()
+        .expect("a Qwen VL case");
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let model = Model::<Flex>::random(&config, &device, 3).unwrap();
+    let lm = model.causal_lm();
+    let batch = PaddedBatch::left_pad(&[vec![1, 2, 3, 4], vec![5, 6], vec![7, 8, 9]], 0);
+    let pos = model.position_ids(&batch, &[]).unwrap();
+    let mut cache = lm.new_cache();
+    lm.forward_hidden(
+        batch.ids_tensor(&device),
+        model.input_embeddings(&batch, &[], &device).unwrap(),
+        pos.tensor(&device),
+        batch.mask_tensor(&device),
+        Some(&mut cache),
+    );
+    let step = |cache: &mut flowrl_models::KvCache<Flex>, rows: &[usize]| {
+        let next = PaddedBatch::left_pad(
+            &rows
+                .iter()
+                .map(|&r| vec![10 + r as u32])
+                .collect::<Vec<_>>(),
+            0,
+        );
+        let real = batch.real_lengths();
+        let lengths: Vec<usize> = rows.iter().map(|&r| real[r]).collect();
+        // Text-only rows: every stream continues at the row's real length (delta 0).
+        let p = flowrl_models::PositionIds {
+            streams: 3,
+            batch: rows.len(),
+            len: 1,
+            ids: (0..3).flat_map(|_| lengths.iter().map(|&n| n as i64)).collect(),
+            rope_deltas: vec![0; rows.len()],
+        };
+            .flat_map(|_| lengths.iter().map(|&n| n as i64))
+            .collect();
+        let mut mask = Vec::new();
+        for &r in rows {
+            mask.extend_from_slice(batch.mask_row(r));
+            mask.push(1);
+        }
+        let ids = next.ids_tensor(&device);
+        let h = lm.forward_hidden(
+            ids.clone(),
+            lm.embed_tokens(ids),
+            p.tensor(&device),
+            mask_tensor(&mask, rows.len(), batch.len + 1, &device),
+            Some(cache),
+        );
+        lm.lm_head(h).into_data().into_vec::<f32>().unwrap()
+    };
+    let mut full = cache.clone();
+    let all = step(&mut full, &[0, 1, 2]);
+    cache.select_rows(&[0, 2]);
+    let kept = step(&mut cache, &[0, 2]);
+    let v = lm.vocab_size();
+    let expect: Vec<f32> = [&all[..v], &all[2 * v..]].concat();
+    let dev = kept
+        .iter()
+        .zip(&expect)
+        .map(|(a, e)| (a - e).abs())
+        .fold(0.0f32, f32::max);
+    assert!(dev < 1e-5, "kept rows changed by {dev}");
+}
