@@ -53,6 +53,10 @@ pub struct SynthArgs {
     /// Directory for the tokenizer files (tokenizer.json, tokenizer_config.json, ...).
     #[arg(long, default_value = "assets/tokenizer")]
     pub tokenizer_out: PathBuf,
+    /// Also write the Gemma 4 flavour of the tokenizer (Gemma's special tokens and turn template)
+    /// into this directory (the committed one is `assets/tokenizer-gemma4`).
+    #[arg(long)]
+    pub gemma4_tokenizer_out: Option<PathBuf>,
     #[arg(long, default_value_t = crate::synth::DEFAULT_SEED)]
     pub seed: u64,
     #[arg(long, default_value_t = crate::synth::DEFAULT_TRAIN)]
@@ -218,5 +222,14 @@ pub fn synth(args: &SynthArgs, out: &mut dyn Write) -> Result<()> {
         report.vocab_size,
         args.tokenizer_out.display()
     )?;
+    if let Some(dir) = &args.gemma4_tokenizer_out {
+        let tokenizer = crate::synth::write_gemma4_tokenizer_dir(dir)?;
+        writeln!(
+            out,
+            "Gemma 4 tokenizer ({} ids) in {}",
+            tokenizer.get_vocab_size(true),
+            dir.display()
+        )?;
+    }
     Ok(())
 }

@@ -9,6 +9,9 @@
 //! given the question. The prompt is `<image>{question} {instruction}` with a geo3k-style
 //! instruction asking for `<think> </think>` and `\boxed{}`; `data_source` is `flowrl/shapes`.
 //!
+//! A second flavour of the same tokenizer carries Gemma 4's special tokens and turn template
+//! ([`write_gemma4_tokenizer_dir`], `assets/tokenizer-gemma4`) for the tiny Gemma 4 policy.
+//!
 //! Everything is a function of the seed alone ([`crate::rng::SplitMix64`]); the tokenizer does not
 //! even depend on the seed (it is trained on the task's whole text vocabulary), so the committed
 //! `assets/tokenizer` matches any generated split.
@@ -32,6 +35,7 @@ use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
 use crate::rng::SplitMix64;
@@ -354,8 +358,15 @@ pub fn tokenizer_corpus() -> Vec<String> {
         "system\nYou are a helpful assistant.".to_string(),
         "user\n".to_string(),
         "assistant\n".to_string(),
-        INSTRUCTION.to_string(),
     ];
+    texts.extend(task_texts());
+    texts
+}
+
+/// The task's own text (chat-format independent): the instruction, every question wording, and
+/// responses of the expected form for every answer.
+fn task_texts() -> Vec<String> {
+    let mut texts = vec![INSTRUCTION.to_string()];
     let mut answers: Vec<String> = Vec::new();
     answers.extend(COLOURS.iter().map(|c| c.0.to_string()));
     answers.extend(COUNTS.iter().map(|c| c.to_string()));
@@ -390,10 +401,26 @@ pub fn tokenizer_corpus() -> Vec<String> {
 /// Trains the byte-level BPE tokenizer of the tiny default models on [`tokenizer_corpus`] and
 /// appends Qwen2-VL's special tokens.
 pub fn train_tokenizer() -> Result<Tokenizer> {
+    train_bpe(&tokenizer_corpus(), &[], &SPECIAL_TOKENS, None)
+}
+
+/// Byte-level BPE (no prefix space, no normaliser) trained on `corpus`. `leading` specials take
+/// the first ids (before the 256 byte tokens, as in Gemma's vocabulary); `trailing` specials get
+/// the ids after the merges (as in Qwen's). Both are registered as special added tokens.
+fn train_bpe(
+    corpus: &[String],
+    leading: &[&str],
+    trailing: &[&str],
+    post_processor: Option<PostProcessorWrapper>,
+) -> Result<Tokenizer> {
+    let specials = |tokens: &[&str]| -> Vec<AddedToken> {
+        tokens.iter().map(|t| AddedToken::from(*t, true)).collect()
+    };
     let mut trainer = BpeTrainerBuilder::new()
         .show_progress(false)
         .vocab_size(BPE_VOCAB_SIZE)
         .min_frequency(0)
+        .special_tokens(specials(leading))
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build();
     let mut builder = TokenizerBuilder::<
@@ -410,17 +437,35 @@ pub fn train_tokenizer() -> Result<Tokenizer> {
     .with_decoder(Some(ByteLevel::default()))
     .build()
     .map_err(|e| anyhow!("building the tokenizer: {e}"))?;
-    let corpus = tokenizer_corpus();
     builder
         .train(&mut trainer, corpus.iter())
         .map_err(|e| anyhow!("training the tokenizer: {e}"))?;
     let mut tokenizer: Tokenizer = builder.into();
-    let specials: Vec<AddedToken> = SPECIAL_TOKENS
-        .iter()
-        .map(|t| AddedToken::from(*t, true))
-        .collect();
-    tokenizer.add_special_tokens(&specials);
+    tokenizer.add_special_tokens(&specials(leading));
+    tokenizer.add_special_tokens(&specials(trailing));
+    if let Some(p) = post_processor {
+        tokenizer.with_post_processor(Some(p));
+    }
     Ok(tokenizer)
+}
+
+/// The `added_tokens_decoder` table of a `tokenizer_config.json` for `tokens`.
+fn added_tokens_decoder(
+    tokenizer: &Tokenizer,
+    tokens: &[&str],
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut added = serde_json::Map::new();
+    for t in tokens {
+        let id = tokenizer
+            .token_to_id(t)
+            .expect("a special token of this tokenizer");
+        added.insert(
+            id.to_string(),
+            json!({"content": t, "lstrip": false, "normalized": false, "rstrip": false,
+                   "single_word": false, "special": true}),
+        );
+    }
+    added
 }
 
 /// Writes `tokenizer.json`, `tokenizer_config.json` (Qwen2-VL chat template, eos `<|im_end|>`,
@@ -431,15 +476,7 @@ pub fn write_tokenizer_dir(dir: &Path) -> Result<Tokenizer> {
     tokenizer
         .save(dir.join("tokenizer.json"), true)
         .map_err(|e| anyhow!("writing tokenizer.json: {e}"))?;
-    let mut added = serde_json::Map::new();
-    for t in SPECIAL_TOKENS {
-        let id = tokenizer.token_to_id(t).expect("added above");
-        added.insert(
-            id.to_string(),
-            json!({"content": t, "lstrip": false, "normalized": false, "rstrip": false,
-                   "single_word": false, "special": true}),
-        );
-    }
+    let added = added_tokens_decoder(&tokenizer, &SPECIAL_TOKENS);
     let config = json!({
         "add_bos_token": false,
         "add_prefix_space": false,
@@ -463,6 +500,142 @@ pub fn write_tokenizer_dir(dir: &Path) -> Result<Tokenizer> {
         "additional_special_tokens": SPECIAL_TOKENS[1..].to_vec(),
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>"
+    });
+    std::fs::write(
+        dir.join("special_tokens_map.json"),
+        serde_json::to_string_pretty(&map)? + "\n",
+    )?;
+    Ok(tokenizer)
+}
+
+// -------------------------------------------------------------------------------------------
+// Gemma 4 flavour of the tokenizer (the tiny Gemma 4 policy, assets/tokenizer-gemma4)
+// -------------------------------------------------------------------------------------------
+
+/// Gemma 4's special tokens, at the ids they have in Gemma's own vocabulary order: `<pad>` = 0,
+/// `<eos>` = 1, `<bos>` = 2, `<unk>` = 3, then the turn delimiters and the image strings
+/// (begin-image, soft token, end-image). The byte-level BPE ids follow them.
+pub const GEMMA4_SPECIAL_TOKENS: [&str; 9] = [
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<|turn>",
+    "<turn|>",
+    "<|image>",
+    "<|image|>",
+    "<image|>",
+];
+
+/// Gemma 4's chat turn format with Gemma 3's published template structure (the template writes
+/// `<bos>`, system text is prefixed to the first user turn, `assistant` is renamed `model`, every
+/// text is trimmed, each image item becomes `<|image|>`):
+/// `<bos><|turn>user\n<|image|>{text}<turn|>\n<|turn>model\n`. The same template as the
+/// `tests/fixtures/data/gemma4_chat` model directory, which renders the fixtures' one-image prompt.
+pub const GEMMA4_CHAT_TEMPLATE: &str = r#"{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<|turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<|image|>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<turn|>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<|turn>model\n' }}
+{%- endif -%}
+"#;
+
+/// The Gemma 4 flavour's training text: the two role names of the turn format and the task text.
+pub fn gemma4_tokenizer_corpus() -> Vec<String> {
+    let mut texts = vec!["user\n".to_string(), "model\n".to_string()];
+    texts.extend(task_texts());
+    texts
+}
+
+/// Trains the Gemma 4 flavour: the same byte-level BPE as [`train_tokenizer`] on
+/// [`gemma4_tokenizer_corpus`], with [`GEMMA4_SPECIAL_TOKENS`] at ids 0..9 and Gemma's
+/// post-processor (`<bos> $A`, `<bos> $A <bos> $B`) for callers that add special tokens (the
+/// prompt encoder does not: the template writes `<bos>`).
+pub fn train_gemma4_tokenizer() -> Result<Tokenizer> {
+    let bos = GEMMA4_SPECIAL_TOKENS[2];
+    let post = TemplateProcessing::builder()
+        .try_single(format!("{bos} $A"))
+        .and_then(|b| b.try_pair(format!("{bos} $A {bos} $B")))
+        .map_err(|e| anyhow!("post-processor template: {e}"))?
+        // `<bos>` is the third leading special token, so its id is 2.
+        .special_tokens(vec![(bos, 2)])
+        .build()
+        .map_err(|e| anyhow!("building the post-processor: {e}"))?;
+    train_bpe(
+        &gemma4_tokenizer_corpus(),
+        &GEMMA4_SPECIAL_TOKENS,
+        &[],
+        Some(PostProcessorWrapper::Template(post)),
+    )
+}
+
+/// Writes the Gemma 4 flavour into `dir`: `tokenizer.json`, `tokenizer_config.json`
+/// ([`GEMMA4_CHAT_TEMPLATE`], bos `<bos>`, eos `<eos>`, pad `<pad>`, unk `<unk>`,
+/// `add_bos_token: true` as Gemma's configs have it) and `special_tokens_map.json`.
+pub fn write_gemma4_tokenizer_dir(dir: &Path) -> Result<Tokenizer> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tokenizer = train_gemma4_tokenizer()?;
+    tokenizer
+        .save(dir.join("tokenizer.json"), true)
+        .map_err(|e| anyhow!("writing tokenizer.json: {e}"))?;
+    let config = json!({
+        "add_bos_token": true,
+        "add_eos_token": false,
+        "added_tokens_decoder": added_tokens_decoder(&tokenizer, &GEMMA4_SPECIAL_TOKENS),
+        "bos_token": "<bos>",
+        "chat_template": GEMMA4_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": false,
+        "eos_token": "<eos>",
+        "model_max_length": 4096,
+        "pad_token": "<pad>",
+        "padding_side": "left",
+        "tokenizer_class": "GemmaTokenizer",
+        "unk_token": "<unk>"
+    });
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::to_string_pretty(&config)? + "\n",
+    )?;
+    let map = json!({
+        "additional_special_tokens": GEMMA4_SPECIAL_TOKENS[4..].to_vec(),
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>"
     });
     std::fs::write(
         dir.join("special_tokens_map.json"),

@@ -423,3 +423,93 @@ fn overlong_row_under_each_truncation_policy() {
     assert_eq!(filtered.len(), 2);
     assert_eq!(filtered.report().filtered_overlong, 1);
 }
+
+#[test]
+fn several_row_groups_are_read_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 10;
+    let contents: Vec<String> = (0..n).map(|i| format!("<image>q{i}")).collect();
+    let refs: Vec<&str> = contents.iter().map(String::as_str).collect();
+    let gts: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let gt_refs: Vec<Option<&str>> = gts.iter().map(|s| Some(s.as_str())).collect();
+    let cols: Vec<(&str, ArrayRef)> = vec![
+        ("images", images(&vec![Some(vec![png()]); n])),
+        ("data_source", strings(&vec![Some("t"); n])),
+        ("prompt", prompts(&refs)),
+        ("reward_model", reward(&gt_refs)),
+    ];
+    let fields: Vec<Field> = cols
+        .iter()
+        .map(|(name, a)| Field::new(*name, a.data_type().clone(), true))
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch =
+        RecordBatch::try_new(schema.clone(), cols.into_iter().map(|c| c.1).collect()).unwrap();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(3))
+        .build();
+    let path = dir.path().join("groups.parquet");
+    let mut w =
+        ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let f = read_verl_file(&path, &ReadOptions::default()).unwrap();
+    assert_eq!(f.num_row_groups, 4);
+    assert_eq!(f.rows.len(), n);
+    for (i, r) in f.rows.iter().enumerate() {
+        assert_eq!(r.source.row, i);
+        assert_eq!(r.ground_truth, i.to_string());
+        assert_eq!(r.messages[0].content, format!("<image>q{i}"));
+    }
+}
+
+#[test]
+fn large_string_and_large_list_layouts_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fields = Fields::from(vec![
+        Field::new("role", DataType::LargeUtf8, true),
+        Field::new("content", DataType::LargeUtf8, true),
+    ]);
+    let mut b = arrow_array::builder::LargeListBuilder::new(StructBuilder::from_fields(fields, 0));
+    for c in ["hello", "world"] {
+        let s = b.values();
+        s.field_builder::<arrow_array::builder::LargeStringBuilder>(0)
+            .unwrap()
+            .append_value("user");
+        s.field_builder::<arrow_array::builder::LargeStringBuilder>(1)
+            .unwrap()
+            .append_value(c);
+        s.append(true);
+        b.append(true);
+    }
+    let path = dir.path().join("large.parquet");
+    write(
+        &path,
+        vec![
+            ("prompt", Arc::new(b.finish()) as ArrayRef),
+            (
+                "data_source",
+                Arc::new(arrow_array::LargeStringArray::from(vec!["a", "b"])) as ArrayRef,
+            ),
+            (
+                "reward_model",
+                // A numeric ground truth is read as its text.
+                Arc::new(arrow_array::StructArray::from(vec![(
+                    Arc::new(Field::new("ground_truth", DataType::Int64, true)),
+                    Arc::new(arrow_array::Int64Array::from(vec![7, 8])) as ArrayRef,
+                )])) as ArrayRef,
+            ),
+        ],
+    );
+    let options = ReadOptions {
+        columns: VerlColumns {
+            image_key: None,
+            ..VerlColumns::default()
+        },
+        ..ReadOptions::default()
+    };
+    let f = read_verl_file(&path, &options).unwrap();
+    assert_eq!(f.rows[1].messages[0].content, "world");
+    assert_eq!(f.rows[1].data_source, "b");
+    assert_eq!(f.rows[0].ground_truth, "7");
+}

@@ -320,3 +320,33 @@ fn verl_fetch_resize_then_qwen_processor_equals_the_processor_alone() {
         "the sample has sizes that are not multiples of 28"
     );
 }
+
+#[test]
+fn truncation_never_cuts_image_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = qwen_model_dir(tmp.path());
+    let enc = Arc::new(PromptEncoder::from_model_dir(&model).unwrap());
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../datasets/shapes/test.parquet");
+    let options = |truncation, max| DatasetOptions {
+        max_prompt_length: max,
+        truncation,
+        filter_overlong_prompts: false,
+        batch_size: 2,
+        ..DatasetOptions::default()
+    };
+    // Left truncation to 30 tokens drops the start of the prompt, where the image sits.
+    let e = PromptDataset::load(
+        std::slice::from_ref(&path),
+        enc.clone(),
+        options(Truncation::Left, 30),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("row 0, column `prompt`: truncating the"), "{e}");
+    assert!(e.contains("of its 4 image tokens; raise max_prompt_length"), "{e}");
+    // Right truncation to 30 keeps the image (it is near the start) and cuts the end.
+    let ds = PromptDataset::load(&[path], enc, options(Truncation::Right, 30)).unwrap();
+    assert_eq!(ds.report().truncated, ds.len());
+    assert_eq!(ds.report().max_length, 30);
+}

@@ -39,6 +39,7 @@ fn default_args(out: &Path, tok: &Path) -> SynthArgs {
     SynthArgs {
         out: out.to_path_buf(),
         tokenizer_out: tok.to_path_buf(),
+        gemma4_tokenizer_out: None,
         seed: DEFAULT_SEED,
         train: DEFAULT_TRAIN,
         test: DEFAULT_TEST,
