@@ -74,7 +74,7 @@ pub fn rollouts_of(v: &Value) -> Option<Arc<RolloutBatch>> {
         .map(|a| a.rollouts.clone())
 }
 
-fn get<'a, T: 'static>(v: &'a Value) -> Result<&'a T, String> {
+fn get<T: 'static>(v: &Value) -> Result<&T, String> {
     v.downcast_ref::<T>().ok_or_else(|| {
         format!(
             "holds `{}`, not `{}` as port type {} requires",
