@@ -297,7 +297,7 @@ impl Compiler<'_> {
                 .map(|k| k.section().to_string()),
         );
         for e in &doc.entries {
-            if known.iter().any(|k| *k == e.key) {
+            if known.contains(&e.key) {
                 continue;
             }
             let mut d =

@@ -191,6 +191,8 @@ pub fn parse(text: &str, source: SourceId) -> Result<STable, Vec<Diagnostic>> {
 
 /// Applies one `--set path.to.key=value` argument, whose full text is source `source`. The value is
 /// parsed as TOML; text that is not a TOML value is taken as a string (`--set run.device=cpu`).
+// One diagnostic per override is returned by value like every other diagnostic.
+#[allow(clippy::result_large_err)]
 pub fn apply_override(doc: &mut STable, arg: &str, source: SourceId) -> Result<(), Diagnostic> {
     let whole = Span::new(source, 0, arg.len());
     let Some(eq) = arg.find('=') else {

@@ -81,7 +81,7 @@ pub fn render(step: u64, node: &str, inputs: &Inputs, max_chars: usize) -> Vec<S
 
 impl Node for PrintNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        if ctx.step() % self.every != 0 {
+        if !ctx.step().is_multiple_of(self.every) {
             return Ok(Outputs::skipped());
         }
         for line in render(ctx.step(), ctx.node_name(), inputs, self.max_chars) {

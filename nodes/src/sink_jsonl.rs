@@ -80,7 +80,7 @@ pub fn record(step: u64, inputs: &Inputs) -> serde_json::Value {
 
 impl Node for SinkNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        if (ctx.step() + 1) % self.every != 0 && !ctx.is_last_step() {
+        if !(ctx.step() + 1).is_multiple_of(self.every) && !ctx.is_last_step() {
             return Ok(Outputs::skipped());
         }
         if let Some(parent) = self.path.parent() {

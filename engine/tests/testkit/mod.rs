@@ -228,7 +228,7 @@ impl NodeKind for Every {
 struct EveryNode(u64);
 impl Node for EveryNode {
     fn run(&mut self, _: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        if ctx.step() % self.0 != 0 {
+        if !ctx.step().is_multiple_of(self.0) {
             return Ok(Outputs::skipped());
         }
         Ok(Outputs::new().with("n", vec![1.0f64]))
