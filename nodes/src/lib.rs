@@ -21,6 +21,7 @@ pub mod update_sft;
 pub mod validate;
 pub mod debug_print;
 pub mod sink_jsonl;
+pub mod exec;
 pub mod values;
 pub mod advantage_grpo;
 pub mod advantage_reinforce_pp;
