@@ -20,21 +20,42 @@ use burn::prelude::*;
 use crate::agg_loss::{GlobalBatchInfo, LossAggMode, agg_loss};
 use crate::error::{AlgoError, Result};
 
-/// Entropy and label log-probs of one `[B, t, V]` block: returns (`[B, t]`, `[B, t]`).
-fn block<B: Backend>(
-    logits: Tensor<B, 3>,
-    labels: Option<Tensor<B, 2, Int>>,
-) -> (Tensor<B, 2>, Option<Tensor<B, 2>>) {
+/// z − max(z) (max detached) and log Σ exp(z − max) `[B, t, 1]` of one `[B, t, V]` block.
+fn shift_lse<B: Backend>(logits: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let max = logits.clone().detach().max_dim(2);
-    let shifted = logits.sub(max); // z − max
-    let lse = shifted.clone().exp().sum_dim(2).log(); // [B, t, 1]
+    let shifted = logits.sub(max);
+    let lse = shifted.clone().exp().sum_dim(2).log();
+    (shifted, lse)
+}
+
+/// H = lse − Σ softmax·z on the shifted block: `[B, t]`.
+fn entropy_of<B: Backend>(shifted: Tensor<B, 3>, lse: Tensor<B, 3>) -> Tensor<B, 2> {
     let probs = shifted.clone().sub(lse.clone()).exp();
-    let entropy = lse.clone().sub(probs.mul(shifted.clone()).sum_dim(2));
-    let logp = labels.map(|l| {
-        let picked = shifted.gather(2, l.unsqueeze_dim(2));
-        picked.sub(lse).squeeze_dim(2)
-    });
-    (entropy.squeeze_dim(2), logp)
+    lse.sub(probs.mul(shifted).sum_dim(2)).squeeze_dim(2)
+}
+
+/// z_y − lse on the shifted block: `[B, t]`.
+fn logp_of<B: Backend>(
+    shifted: Tensor<B, 3>,
+    lse: Tensor<B, 3>,
+    labels: Tensor<B, 2, Int>,
+) -> Tensor<B, 2> {
+    shifted
+        .gather(2, labels.unsqueeze_dim(2))
+        .sub(lse)
+        .squeeze_dim(2)
+}
+
+/// Entropy and label log-probs of one block.
+fn both<B: Backend>(
+    logits: Tensor<B, 3>,
+    labels: Tensor<B, 2, Int>,
+) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let (shifted, lse) = shift_lse(logits);
+    (
+        entropy_of(shifted.clone(), lse.clone()),
+        logp_of(shifted, lse, labels),
+    )
 }
 
 fn check_labels<B: Backend>(logits_dims: [usize; 3], labels: &Tensor<B, 2, Int>) -> Result<()> {
@@ -45,6 +66,22 @@ fn check_labels<B: Backend>(logits_dims: [usize; 3], labels: &Tensor<B, 2, Int>)
             expected: vec![b, t],
             got: labels.dims().to_vec(),
         });
+    }
+    Ok(())
+}
+
+/// Labels must index the vocabulary (checked on the host: B·T integers, negligible next to the
+/// logits), so that the gather below can never read out of bounds.
+fn check_label_range<B: Backend>(labels: &Tensor<B, 2, Int>, v: usize) -> Result<()> {
+    let data = labels.to_data();
+    if let Some((i, bad)) = data
+        .iter::<i64>()
+        .enumerate()
+        .find(|(_, x)| *x < 0 || *x as u64 >= v as u64)
+    {
+        return Err(AlgoError::InvalidParameter(format!(
+            "label {bad} at flat position {i} is outside the vocabulary 0..{v}"
+        )));
     }
     Ok(())
 }
@@ -61,19 +98,21 @@ fn check_vocab(v: usize) -> Result<()> {
 /// verl `entropy_from_logits`: H `[B, T]` from logits `[B, T, V]`.
 pub fn entropy_from_logits<B: Backend>(logits: Tensor<B, 3>) -> Result<Tensor<B, 2>> {
     check_vocab(logits.dims()[2])?;
-    Ok(block(logits, None).0)
+    let (shifted, lse) = shift_lse(logits);
+    Ok(entropy_of(shifted, lse))
 }
 
 /// verl `logprobs_from_logits` (label logit − logsumexp): `[B, T]` from logits `[B, T, V]`
-/// and integer labels `[B, T]` (labels must lie in `0..V`; burn's gather is not bounds
-/// checked on every backend, so the caller guarantees it).
+/// and integer labels `[B, T]` (labels outside `0..V` are an error).
 pub fn logprobs_from_logits<B: Backend>(
     logits: Tensor<B, 3>,
     labels: Tensor<B, 2, Int>,
 ) -> Result<Tensor<B, 2>> {
     check_vocab(logits.dims()[2])?;
     check_labels(logits.dims(), &labels)?;
-    Ok(block(logits, Some(labels)).1.expect("labels given"))
+    check_label_range(&labels, logits.dims()[2])?;
+    let (shifted, lse) = shift_lse(logits);
+    Ok(logp_of(shifted, lse, labels))
 }
 
 /// Entropy and label log-probs `[B, T]` each, computed `chunk` sequence positions at a time
@@ -86,11 +125,12 @@ pub fn entropy_and_logprobs_chunked<B: Backend>(
     let [_, t, v] = logits.dims();
     check_vocab(v)?;
     check_labels(logits.dims(), &labels)?;
+    check_label_range(&labels, v)?;
     chunked(t, chunk, |start, len| {
-        block(
+        Ok(both(
             logits.clone().narrow(1, start, len),
-            Some(labels.clone().narrow(1, start, len)),
-        )
+            labels.clone().narrow(1, start, len),
+        ))
     })
 }
 
@@ -117,19 +157,29 @@ where
     check_labels([b, t, 1], &labels)?;
     chunked(t, chunk, |start, len| {
         let logits = lm_head(hidden.clone().narrow(1, start, len));
+        let [lb, lt, v] = logits.dims();
+        if [lb, lt] != [b, len] || v == 0 {
+            return Err(AlgoError::ShapeMismatch {
+                what: "lm_head output".into(),
+                expected: vec![b, len, v.max(1)],
+                got: vec![lb, lt, v],
+            });
+        }
+        let labels = labels.clone().narrow(1, start, len);
+        check_label_range(&labels, v)?;
         let logits = if temperature == 1.0 {
             logits
         } else {
             logits.div_scalar(temperature)
         };
-        block(logits, Some(labels.clone().narrow(1, start, len)))
+        Ok(both(logits, labels))
     })
 }
 
 fn chunked<B: Backend>(
     t: usize,
     chunk: usize,
-    mut f: impl FnMut(usize, usize) -> (Tensor<B, 2>, Option<Tensor<B, 2>>),
+    mut f: impl FnMut(usize, usize) -> Result<(Tensor<B, 2>, Tensor<B, 2>)>,
 ) -> Result<(Tensor<B, 2>, Tensor<B, 2>)> {
     if chunk == 0 {
         return Err(AlgoError::InvalidParameter(
@@ -144,9 +194,9 @@ fn chunked<B: Backend>(
     let mut start = 0;
     while start < t {
         let len = chunk.min(t - start);
-        let (e, l) = f(start, len);
+        let (e, l) = f(start, len)?;
         ents.push(e);
-        logps.push(l.expect("labels given"));
+        logps.push(l);
         start += len;
     }
     Ok((Tensor::cat(ents, 1), Tensor::cat(logps, 1)))

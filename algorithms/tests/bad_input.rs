@@ -271,3 +271,21 @@ fn entropy_is_differentiable() {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");
     }
 }
+
+#[test]
+fn labels_outside_the_vocabulary_are_errors() {
+    let dev = Default::default();
+    let logits = Tensor::<Cpu, 3>::zeros([1, 2, 3], &dev);
+    let labels = Tensor::<Cpu, 2, Int>::from_data(TensorData::new(vec![0i32, 3], [1, 2]), &dev);
+    let e = logprobs_from_logits(logits.clone(), labels.clone()).unwrap_err();
+    assert!(e.to_string().contains("outside the vocabulary 0..3"), "{e}");
+    assert!(entropy_and_logprobs_chunked(logits.clone(), labels.clone(), 1).is_err());
+    assert!(entropy_and_logprobs_from_hidden(logits.clone(), labels, |h| h, 1.0, 1).is_err());
+    let neg = Tensor::<Cpu, 2, Int>::from_data(TensorData::new(vec![-1i32, 0], [1, 2]), &dev);
+    assert!(logprobs_from_logits(logits.clone(), neg).is_err());
+    // An lm_head that returns the wrong shape is an error, not a panic.
+    let ok = Tensor::<Cpu, 2, Int>::from_data(TensorData::new(vec![0i32, 1], [1, 2]), &dev);
+    let e =
+        entropy_and_logprobs_from_hidden(logits, ok, |h| h.narrow(1, 0, 1), 1.0, 2).unwrap_err();
+    assert!(e.to_string().contains("lm_head output"), "{e}");
+}

@@ -43,13 +43,13 @@ struct Rat {
     d: i128,
 }
 
-fn gcd(mut a: i128, mut b: i128) -> i128 {
-    a = a.abs();
-    b = b.abs();
+fn gcd(a: i128, b: i128) -> i128 {
+    let (mut a, mut b) = (a.unsigned_abs(), b.unsigned_abs());
     while b != 0 {
         (a, b) = (b, a % b);
     }
-    a
+    // Only gcd(i128::MIN, 0 or i128::MIN) = 2^127 does not fit; 1 keeps the value unreduced.
+    i128::try_from(a).unwrap_or(1)
 }
 
 impl Rat {

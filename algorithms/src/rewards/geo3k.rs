@@ -89,3 +89,93 @@ pub fn geo3k_score(response: &str, ground_truth: &str) -> Geo3kScore {
         format,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random strings over the characters the grader treats specially: it must never panic.
+    #[test]
+    fn grader_never_panics_on_arbitrary_text() {
+        const PIECES: &[&str] = &[
+            "\\boxed{",
+            "{",
+            "}",
+            "\\frac",
+            "\\sqrt",
+            "\\text{",
+            "\\text{ ",
+            "^",
+            "^{",
+            "(",
+            ")",
+            "[",
+            "]",
+            ",",
+            ".",
+            "-",
+            "+",
+            "*",
+            "/",
+            "=",
+            " ",
+            "\n",
+            "0",
+            "1",
+            "2",
+            "9",
+            "x",
+            "y",
+            "pi",
+            "\\pi",
+            "sqrt",
+            "e",
+            "E",
+            "j",
+            "_",
+            "$",
+            "%",
+            "\\%",
+            "\\",
+            "\\!",
+            "degree",
+            "1,000",
+            "0.5",
+            "1e400",
+            "99999999999999999999999999999999999999999",
+            "<think>",
+            "</think>",
+            "é",
+            "√",
+            "π",
+            "inf",
+            "nan",
+            "\\left",
+            "\\circ",
+            "\\dfrac",
+            "[3]",
+        ];
+        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut accepted = 0;
+        for _ in 0..20_000 {
+            let mut pieces = [String::new(), String::new()];
+            for p in &mut pieces {
+                for _ in 0..next() % 8 {
+                    p.push_str(PIECES[(next() % PIECES.len() as u64) as usize]);
+                }
+            }
+            let [a, b] = pieces;
+            let r = geo3k_score(&format!("<think>t</think> \\boxed{{{a}}}"), &b);
+            assert!([0.0, 0.1, 0.9, 1.0].contains(&r.score));
+            accepted += r.acc as usize;
+            let _ = grade_answer(&a, &a);
+        }
+        assert!(accepted > 0);
+    }
+}
