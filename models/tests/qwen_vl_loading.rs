@@ -237,7 +237,6 @@ fn random_model_is_deterministic_and_round_trips() {
 /// Dropping finished rows from the KV cache leaves the remaining rows' next step unchanged.
 #[test]
 fn kv_cache_select_rows_keeps_the_remaining_rows() {
-    use burn::prelude::*;
     use flowrl_models::capabilities::mask_tensor;
     let device = Default::default();
     let dir = model_cases(FAMILIES)
@@ -272,11 +271,11 @@ fn kv_cache_select_rows_keeps_the_remaining_rows() {
             streams: 3,
             batch: rows.len(),
             len: 1,
-            ids: (0..3).flat_map(|_| lengths.iter().map(|&n| n as i64)).collect(),
+            ids: (0..3)
+                .flat_map(|_| lengths.iter().map(|&n| n as i64))
+                .collect(),
             rope_deltas: vec![0; rows.len()],
         };
-            .flat_map(|_| lengths.iter().map(|&n| n as i64))
-            .collect();
         let mut mask = Vec::new();
         for &r in rows {
             mask.extend_from_slice(batch.mask_row(r));
