@@ -1,7 +1,8 @@
 //! A model's own Jinja chat template, rendered with `minijinja` the way Hugging Face
 //! `apply_chat_template` renders it.
 //!
-//! The template comes from `chat_template.jinja` in the model directory, or else from
+//! The template comes from the model directory, in the order a Hugging Face processor looks:
+//! `chat_template.jinja`, then `chat_template.json`'s `chat_template` (older processors), then
 //! `tokenizer_config.json`'s `chat_template` (a string, or a list of `{name, template}` where the
 //! one named `default` is used). Rendering follows transformers' `_compile_jinja_template`:
 //! `trim_blocks` and `lstrip_blocks` on, no trailing newline kept, loop controls, the globals
@@ -66,9 +67,19 @@ impl ChatTemplate {
             Json::Null
         };
         let jinja_path = dir.join("chat_template.jinja");
+        let json_path = dir.join("chat_template.json");
         let source = if jinja_path.exists() {
             std::fs::read_to_string(&jinja_path)
                 .with_context(|| format!("reading {}", jinja_path.display()))?
+        } else if json_path.exists() {
+            let text = std::fs::read_to_string(&json_path)
+                .with_context(|| format!("reading {}", json_path.display()))?;
+            let v: Json = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not valid JSON", json_path.display()))?;
+            v.get("chat_template")
+                .and_then(Json::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("{} has no string `chat_template`", json_path.display()))?
         } else {
             match config.get("chat_template") {
                 Some(Json::String(s)) => s.clone(),
@@ -269,6 +280,28 @@ mod tests {
             .render(&json!([{"role": "bad", "content": ""}]), false)
             .unwrap_err();
         assert!(format!("{err:#}").contains("no bad"), "{err:#}");
+    }
+
+    #[test]
+    fn template_file_precedence() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"chat_template": "T{{ bos_token }}", "bos_token": {"content": "<s>"}}"#,
+        )
+        .unwrap();
+        let render = || {
+            ChatTemplate::from_model_dir(dir)
+                .unwrap()
+                .render(&json!([]), true)
+                .unwrap()
+        };
+        assert_eq!(render(), "T<s>");
+        std::fs::write(dir.join("chat_template.json"), r#"{"chat_template": "J"}"#).unwrap();
+        assert_eq!(render(), "J");
+        std::fs::write(dir.join("chat_template.jinja"), "K\n").unwrap();
+        assert_eq!(render(), "K");
     }
 
     #[test]

@@ -344,7 +344,10 @@ fn truncation_never_cuts_image_tokens() {
     .unwrap()
     .to_string();
     assert!(e.contains("row 0, column `prompt`: truncating the"), "{e}");
-    assert!(e.contains("of its 4 image tokens; raise max_prompt_length"), "{e}");
+    assert!(
+        e.contains("of its 4 image tokens; raise max_prompt_length"),
+        "{e}"
+    );
     // Right truncation to 30 keeps the image (it is near the start) and cuts the end.
     let ds = PromptDataset::load(&[path], enc, options(Truncation::Right, 30)).unwrap();
     assert_eq!(ds.report().truncated, ds.len());
