@@ -67,25 +67,27 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
             RunDir::create(&default_run_dir(&graph, opts.graph_file.as_deref()), false)?
         }
     };
-    std::fs::write(dir.graph_file(), &graph.resolved)
+    let total = graph.run.steps;
+    let every = graph.run.checkpoint_every;
+    let keep = graph.run.keep_checkpoints as usize;
+    let plot = graph.run.plot;
+    let mut session = Session::build(graph, device, Some(dir.path.clone()))?;
+    // Written once the graph has built, so that a failed build (a missing model directory, ...)
+    // leaves no "run" behind that would block the next attempt.
+    std::fs::write(dir.graph_file(), &session.graph.resolved)
         .with_context(|| format!("writing {}", dir.graph_file().display()))?;
     let run_info = serde_json::json!({
         "graph_file": opts.graph_file.as_ref().map(|p| p.display().to_string()),
         "device": device.to_string(),
         "flowrl_version": env!("CARGO_PKG_VERSION"),
-        "steps": graph.run.steps,
-        "seed": graph.run.seed,
+        "steps": session.graph.run.steps,
+        "seed": session.graph.run.seed,
     });
     std::fs::write(
         dir.path.join(RUN_FILE),
         serde_json::to_string_pretty(&run_info)?,
     )?;
 
-    let total = graph.run.steps;
-    let every = graph.run.checkpoint_every;
-    let keep = graph.run.keep_checkpoints as usize;
-    let plot = graph.run.plot;
-    let mut session = Session::build(graph, device, Some(dir.path.clone()))?;
     let mut first = 0;
     if opts.resume
         && let Some((_, ckpt)) = dir.list_checkpoints().pop()

@@ -266,3 +266,25 @@ fn exports_show_kinds_types_resources_devices() {
     assert_eq!(json["nodes"][4]["resources"][0]["resource"], "policy");
     assert_eq!(json["nodes"][2]["inputs"][0]["type"], "Numbers");
 }
+
+#[test]
+fn a_failed_build_leaves_no_run_behind() {
+    let reg = testkit::registry().with_kind(testkit::Unbuildable);
+    let tmp = tempfile::tempdir().unwrap();
+    let o = RunOptions {
+        graph_file: None,
+        out: Some(tmp.path().join("r")),
+        resume: false,
+        force: false,
+        progress: ProgressMode::Quiet,
+    };
+    let g = || graph(&reg, "[nodes.x]\nkind = \"test.unbuildable\"\n", &[]);
+    let e = format!("{:#}", run(g(), &o).unwrap_err());
+    assert_eq!(
+        e,
+        "building node `x` (kind `test.unbuildable`): weights file not found"
+    );
+    // The same directory can be used again (no "already holds a run").
+    let e = format!("{:#}", run(g(), &o).unwrap_err());
+    assert!(e.starts_with("building node `x`"), "{e}");
+}

@@ -356,3 +356,26 @@ pub fn registry() -> Registry {
         .with_resource_kind(WeightKind)
         .with_kind(Train)
 }
+
+/// A kind whose build always fails (a missing file, say).
+pub struct Unbuildable;
+impl NodeKind for Unbuildable {
+    fn name(&self) -> &str {
+        "test.unbuildable"
+    }
+    fn doc(&self) -> &str {
+        "fails to build"
+    }
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![]
+    }
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![]
+    }
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![]
+    }
+    fn build(&self, _: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        anyhow::bail!("weights file not found")
+    }
+}
