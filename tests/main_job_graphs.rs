@@ -1,0 +1,78 @@
+//! The real-scale geo3k graph (`graphs/real/`, for a downloaded Qwen2.5-VL-3B and verl's geo3k
+//! parquet) validates with its paths pointed at the repository's fixtures, and the main job's
+//! arithmetic checks reject bad numbers before anything loads (exit code 78, numbers in the message).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
+const GRAPH: &str = "graphs/real/geo3k_qwen2_5_vl_3b.toml";
+const FIXTURES: &[&str] = &[
+    "--set",
+    "models.policy.path=tests/fixtures/models/qwen2_5_vl/one_image",
+    "--set",
+    "nodes.data.path=tests/fixtures/data/verl_geo3k_sample/train.parquet",
+    "--set",
+    "nodes.data.val_path=tests/fixtures/data/verl_geo3k_sample/test.parquet",
+];
+
+fn validate(extra: &[&str]) -> Output {
+    let mut args = vec!["validate", GRAPH];
+    args.extend_from_slice(FIXTURES);
+    args.extend_from_slice(extra);
+    Command::new(BIN)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args(&args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+#[test]
+fn the_geo3k_graph_validates_against_the_fixtures() {
+    let out = validate(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(": ok ("));
+}
+
+#[test]
+fn micro_batches_that_do_not_divide_the_mini_batch_are_rejected_with_the_numbers() {
+    let out = validate(&["--set", "nodes.update.micro_batch_size=7"]);
+    assert_eq!(out.status.code(), Some(78));
+    let e = stderr(&out);
+    assert!(
+        e.contains("128 prompts × n 5 = 640 responses is not divisible by micro_batch_size 7"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_response_that_cannot_fit_the_context_is_rejected_with_the_numbers() {
+    let out = validate(&["--set", "nodes.rollout.max_new_tokens=4000"]);
+    assert_eq!(out.status.code(), Some(78));
+    let e = stderr(&out);
+    assert!(e.contains("1024 + max_new_tokens 4000 = 5024 exceeds the context"), "{e}");
+    assert!(e.contains("4096 tokens"), "{e}");
+}
+
+#[test]
+fn a_kl_loss_without_reference_log_probs_is_rejected() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(GRAPH))
+        .unwrap()
+        .replace(", ref_log_probs = \"ref.log_probs\"", "");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("g.toml");
+    std::fs::write(&file, text).unwrap();
+    let mut args = vec!["validate", file.to_str().unwrap()];
+    args.extend_from_slice(FIXTURES);
+    let out = Command::new(BIN)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(stderr(&out).contains("wire `ref_log_probs`"), "{}", stderr(&out));
+}
