@@ -257,8 +257,13 @@ impl PromptDataset {
         let multimodal = options.read.columns.image_key.is_some();
         let image_token = encoder.image_token_id();
         let prompt_col = options.read.columns.prompt_key.clone();
+        // Images are decoded (and so checked) once below, with the same error messages.
+        let read = ReadOptions {
+            check_images: false,
+            ..options.read.clone()
+        };
         for path in paths {
-            let file = read_verl_file(path, &options.read)?;
+            let file = read_verl_file(path, &read)?;
             report.files.push((path.clone(), file.num_rows));
             report.skipped_mismatched.extend(file.skipped);
             for row in file.rows {
