@@ -8,6 +8,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 const GRAPH: &str = "examples/python_reward/score_rollouts.toml";
+const GRPO: &str = "examples/python_reward/grpo_python_reward.toml";
+const DEFAULT: &str = "graphs/grpo_vlm.toml";
 
 fn flowrl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flowrl"))
@@ -116,9 +118,15 @@ fn the_python_reward_runs_on_real_rollouts_and_its_rewards_reach_the_metrics() {
             (0.0..=1.0).contains(&mean) && lo <= mean && mean <= hi,
             "{line}"
         );
-        let acc = line["reward/acc/mean"].as_f64().unwrap();
-        let fmt = line["reward/format/mean"].as_f64().unwrap();
-        assert!((mean - (0.9 * acc + 0.1 * fmt)).abs() < 1e-9, "{line}");
+        let acc = line["critic/score/acc/mean"].as_f64().unwrap();
+        let fmt = line["critic/score/format/mean"].as_f64().unwrap();
+        assert!((mean - (0.9 * acc + 0.1 * fmt)).abs() < 1e-6, "{line}");
+        assert_eq!(line["critic/rewards/mean"], line["critic/score/mean"]);
+        let boxed = line["reward/boxed_fraction"].as_f64().unwrap();
+        assert!(
+            (0.0..=1.0).contains(&boxed),
+            "the program's own metric: {line}"
+        );
         assert!(line["timing_s/reward"].as_f64().unwrap() > 0.0);
     }
 }
@@ -200,4 +208,96 @@ for line in sys.stdin:
     );
     let m = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
     assert_eq!(m.lines().count(), 0, "the failed step wrote no metrics");
+}
+
+/// `flowrl graph --format json` of a graph file.
+fn graph_json(path: &str) -> Json {
+    let out = flowrl(&["graph", path, "--format", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_str(&text(&out.stdout)).unwrap()
+}
+
+#[test]
+fn the_grpo_example_is_the_default_graph_with_the_python_reward() {
+    let (mut ours, mut default) = (graph_json(GRPO), graph_json(DEFAULT));
+    let take_reward = |g: &mut Json| {
+        let nodes = g["nodes"].as_array_mut().unwrap();
+        let i = nodes.iter().position(|n| n["name"] == "reward").unwrap();
+        nodes.remove(i)
+    };
+    let (r_ours, r_default) = (take_reward(&mut ours), take_reward(&mut default));
+    assert_eq!(
+        ours["nodes"], default["nodes"],
+        "every other node as in {DEFAULT}"
+    );
+    assert_eq!(ours["resources"], default["resources"]);
+    assert_eq!(ours["order"], default["order"]);
+    assert_eq!(r_ours["kind"], "exec");
+    for key in ["inputs", "outputs", "timing_key"] {
+        assert_eq!(r_ours[key], r_default[key], "the reward's {key}");
+    }
+}
+
+#[test]
+fn grpo_with_the_python_reward_trains_exactly_like_the_same_rule_in_rust() {
+    // The same GRPO run twice: once with the Python reward, once with the built-in
+    // `reward.combined` computing the same rule (0.9·exact_match + 0.1·format). Same seed, same
+    // rollouts: the rewards, the advantages and the update must agree.
+    let dir = tempfile::tempdir().unwrap();
+    let rust_graph = dir.path().join("rust_reward.toml");
+    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(GRPO)).unwrap();
+    let exec_table = src
+        .split("[nodes.reward]")
+        .nth(1)
+        .unwrap()
+        .split("\n\n")
+        .next()
+        .unwrap();
+    let rust = src.replace(
+        exec_table,
+        "\nkind = \"reward.combined\"\ninputs = { rollouts = \"rollout.rollouts\" }\n\
+         weights = { exact_match = 0.9, format = 0.1 }",
+    );
+    assert!(!rust.contains("kind = \"exec\""), "{rust}");
+    std::fs::write(&rust_graph, rust).unwrap();
+    let (py_run, rust_run) = (dir.path().join("py"), dir.path().join("rust"));
+    for (graph, run) in [(GRPO, &py_run), (rust_graph.to_str().unwrap(), &rust_run)] {
+        let out = flowrl(&["run", graph, "--steps", "2", "--out", run.to_str().unwrap()]);
+        assert!(out.status.success(), "{graph}: {}", text(&out.stderr));
+    }
+    let (py, rust) = (metrics(&py_run), metrics(&rust_run));
+    assert_eq!(py.len(), 2);
+    let close = |a: &Json, b: &Json, what: &str| {
+        let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+            "{what}: python {a}, rust {b}"
+        );
+    };
+    for (p, r) in py.iter().zip(&rust) {
+        close(&p["critic/score/mean"], &r["critic/score/mean"], "score");
+        close(
+            &p["critic/score/acc/mean"],
+            &r["critic/score/exact_match/mean"],
+            "accuracy",
+        );
+        close(
+            &p["critic/score/format/mean"],
+            &r["critic/score/format/mean"],
+            "format",
+        );
+        for key in [
+            "critic/advantages/mean",
+            "actor/pg_loss",
+            "actor/kl_loss",
+            "actor/grad_norm",
+        ] {
+            close(&p[key], &r[key], key);
+        }
+    }
+    assert!(
+        py.iter()
+            .any(|m| m["critic/score/mean"].as_f64().unwrap() > 0.0),
+        "the tiny warm-started policy earns some reward: {py:?}"
+    );
 }

@@ -15,6 +15,10 @@ The reward is the geo3k-style "think, then box the answer" reward with an exact-
              stripped response when there is no box) equals the stripped ground truth, else 0
              (flowrl's built-in `exact_match` rule).
 
+flowrl records the scores like a built-in reward's metrics (critic/score/mean, ...,
+critic/score/acc/mean, critic/score/format/mean); the program adds reward/boxed_fraction, the
+share of responses that contain a \\boxed{...}.
+
 Logs go to stderr: stdout is reserved for the protocol.
 """
 
@@ -101,12 +105,11 @@ def handle(request):
         fmts.append(f)
     return {
         "outputs": {"scores": {"scores": scores, "components": {"acc": accs, "format": fmts}}},
+        # flowrl logs the scores like a built-in reward's (critic/score/mean|max|min,
+        # critic/score/acc/mean, critic/score/format/mean); a program adds its own metrics here.
         "metrics": {
-            "critic/score/mean": mean(scores),
-            "critic/score/max": max(scores, default=0.0),
-            "critic/score/min": min(scores, default=0.0),
-            "reward/acc/mean": mean(accs),
-            "reward/format/mean": mean(fmts),
+            "reward/boxed_fraction": mean([1.0 if "\\boxed{" in r else 0.0
+                                           for r in rollouts["response"]]),
         },
     }
 

@@ -29,6 +29,10 @@
 //! the program is alive and would answer the same again. A step is never half-applied: outputs,
 //! metrics and warnings are taken only from a complete, fully checked answer.
 //!
+//! Metrics: a Scores output is logged like a built-in reward's (`critic/score/*`,
+//! `critic/rewards/*`, `critic/score/<component>/mean`, see `reward_support`); the program's own
+//! `metrics` are recorded after those, under the names it gives.
+//!
 //! What this module does not do: it does not sandbox the program (it runs with flowrl's rights),
 //! and it sends no tensors but the per-token numbers of the text-level views in `wire`.
 
@@ -511,6 +515,7 @@ impl ExecNode {
             None => None,
         };
         let mut out = Outputs::new();
+        let mut out_values = Vec::new();
         for spec in &self.outputs {
             let Some(json) = values.remove(&spec.name) else {
                 return Err(format!(
@@ -526,10 +531,18 @@ impl ExecNode {
             })?;
             let v = wire::from_json(spec.ty, json, batch)
                 .map_err(|e| format!("output `{}` {e}", spec.name))?;
+            out_values.push((spec.name.clone(), v));
+        }
+        for (_, v) in &out_values {
+            if let OutValue::Scores(s) = v {
+                crate::reward_support::log_score_metrics(ctx, s);
+            }
+        }
+        for (port, v) in out_values {
             out = match v {
-                OutValue::Scores(s) => out.with_opaque(spec.name.clone(), s),
-                OutValue::Advantages(a) => out.with_opaque(spec.name.clone(), a),
-                OutValue::LogProbs(l) => out.with_opaque(spec.name.clone(), l),
+                OutValue::Scores(s) => out.with_opaque(port, s),
+                OutValue::Advantages(a) => out.with_opaque(port, a),
+                OutValue::LogProbs(l) => out.with_opaque(port, l),
             };
         }
         for (name, x) in metrics {
