@@ -268,7 +268,12 @@ struct Compiler<'r> {
     file: SourceId,
 }
 
-fn table_of<'a>(e: &'a SEntry, what: &str, diags: &mut Vec<Diagnostic>) -> Option<&'a STable> {
+fn table_of<'a>(
+    e: &'a SEntry,
+    what: &str,
+    help: &str,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<&'a STable> {
     match &e.value.kind {
         SKind::Table(t) => Some(t),
         other => {
@@ -281,7 +286,7 @@ fn table_of<'a>(e: &'a SEntry, what: &str, diags: &mut Vec<Diagnostic>) -> Optio
                     ),
                 )
                 .at(e.value.span)
-                .with_help(format!("write it as a section: `[{}]`", e.key)),
+                .with_help(help.to_string()),
             );
             None
         }
@@ -321,7 +326,15 @@ impl Compiler<'_> {
     fn check_run(&mut self, doc: &STable) -> Option<RunConfig> {
         let empty = STable::default();
         let (table, header) = match doc.get("run") {
-            Some(e) => (table_of(e, "`run`", &mut self.diags)?, e.key_span),
+            Some(e) => (
+                table_of(
+                    e,
+                    "`run`",
+                    "write it as a section: `[run]`",
+                    &mut self.diags,
+                )?,
+                e.key_span,
+            ),
             None => (&empty, Span::new(self.file, 0, 0)),
         };
         let mut spans = SpanIndex {
@@ -359,13 +372,21 @@ impl Compiler<'_> {
             else {
                 continue;
             };
-            let Some(table) = table_of(section, &format!("`{}`", section.key), &mut self.diags)
-            else {
+            let Some(table) = table_of(
+                section,
+                &format!("`{}`", section.key),
+                &format!(
+                    "declare each resource as a section: `[{}.NAME]`",
+                    section.key
+                ),
+                &mut self.diags,
+            ) else {
                 continue;
             };
             for e in &table.entries {
                 let what = format!("`[{}.{}]`", section.key, e.key);
-                let Some(t) = table_of(e, &what, &mut self.diags) else {
+                let help = format!("write it as a section: `[{}.{}]`", section.key, e.key);
+                let Some(t) = table_of(e, &what, &help, &mut self.diags) else {
                     continue;
                 };
                 let mut spans = SpanIndex {
@@ -401,12 +422,18 @@ impl Compiler<'_> {
         let Some(section) = doc.get("nodes") else {
             return out;
         };
-        let Some(table) = table_of(section, "`nodes`", &mut self.diags) else {
+        let Some(table) = table_of(
+            section,
+            "`nodes`",
+            "declare each node as a section: `[nodes.NAME]`",
+            &mut self.diags,
+        ) else {
             return out;
         };
         for e in &table.entries {
             let what = format!("node `{}`", e.key);
-            let Some(t) = table_of(e, &what, &mut self.diags) else {
+            let help = format!("write it as a section: `[nodes.{}]`", e.key);
+            let Some(t) = table_of(e, &what, &help, &mut self.diags) else {
                 continue;
             };
             let mut spans = SpanIndex {
@@ -654,9 +681,17 @@ impl Compiler<'_> {
             let variadic = specs.iter().find(|s| s.variadic);
             let what = format!("node `{}` (kind `{}`)", n.name, kind.name());
             let mut wired: Vec<&str> = Vec::new();
-            if let Some(inputs) = n.inputs
-                && let Some(table) = table_of(inputs, "`inputs`", &mut self.diags)
-            {
+            if let Some(inputs) = n.inputs {
+                let Some(table) = table_of(
+                    inputs,
+                    "`inputs`",
+                    "write `inputs = { port = \"node.port\" }`",
+                    &mut self.diags,
+                ) else {
+                    // Not a table: reported; missing inputs would only repeat it.
+                    all.push(edges);
+                    continue;
+                };
                 for e in &table.entries {
                     wired.push(&e.key);
                     if let Some(edge) = self.check_edge(n, &what, &specs, variadic, e, nodes) {
