@@ -1,5 +1,5 @@
 //! `graphs/grpo_gemma4.toml` through the real `flowrl` binary: it is the Qwen GRPO graph with
-//! another model directory (same nodes, kinds, parameters and edges), and it runs GRPO steps on
+//! another model directory (same nodes, kinds, ports, edges and parameter names), and it runs GRPO steps on
 //! the tiny Gemma 4 policy (`assets/tiny-gemma4`) with consistent log-probs along the way.
 //!
 //! The run is shrunk with `--set` overrides to stay at a few seconds of compute: a 16-row
@@ -67,10 +67,28 @@ fn num(m: &Value, key: &str) -> f64 {
 fn gemma4_graph_is_the_qwen_graph_with_another_model() {
     let gemma = compiled("graphs/grpo_gemma4.toml");
     let qwen = compiled("graphs/grpo_vlm.toml");
-    // Same nodes in the same order, same kinds, ports, parameters and edges.
+    // Same nodes in the same order, same kinds, ports, edges, resources and parameter names;
+    // parameter values (learning rate, ...) are per-model hyperparameters and may differ.
     assert_eq!(gemma["order"], qwen["order"]);
-    assert_eq!(gemma["nodes"], qwen["nodes"]);
-    assert_eq!(gemma["run"], qwen["run"]);
+    let (g_nodes, q_nodes) = (
+        gemma["nodes"].as_array().unwrap(),
+        qwen["nodes"].as_array().unwrap(),
+    );
+    assert_eq!(g_nodes.len(), q_nodes.len());
+    for (g, q) in g_nodes.iter().zip(q_nodes) {
+        let keys = |v: &Value| -> Vec<String> {
+            v["params"].as_object().unwrap().keys().cloned().collect()
+        };
+        assert_eq!(keys(g), keys(q), "parameters of node {}", g["name"]);
+        let (mut g, mut q) = (g.clone(), q.clone());
+        g.as_object_mut().unwrap().remove("params");
+        q.as_object_mut().unwrap().remove("params");
+        assert_eq!(g, q);
+    }
+    assert!(
+        g_nodes.iter().any(|n| n["kind"] == "update.ppo")
+            && g_nodes.iter().any(|n| n["kind"] == "rollout")
+    );
     // Only the policy's directory differs.
     let (mut g, mut q) = (gemma["resources"].clone(), qwen["resources"].clone());
     assert_ne!(g, q);
@@ -109,7 +127,14 @@ fn grpo_gemma4_runs_two_steps_with_consistent_log_probs() {
         "nodes.update.micro_batch_size=8".to_string(),
         "nodes.eval.every=1".to_string(),
     ];
-    let mut args = vec!["run", "graphs/grpo_gemma4.toml", "--out", &run_s, "--progress", "plain"];
+    let mut args = vec![
+        "run",
+        "graphs/grpo_gemma4.toml",
+        "--out",
+        &run_s,
+        "--progress",
+        "plain",
+    ];
     for s in &sets {
         args.extend(["--set", s.as_str()]);
     }

@@ -50,7 +50,9 @@ fn committed_gemma4_tokenizer_is_reproduced_by_synth() {
     assert!(log.contains("Gemma 4 tokenizer (401 ids)"), "{log}");
     for f in FILES {
         let want = std::fs::read_to_string(committed().join(f)).unwrap_or_else(|e| {
-            panic!("assets/tokenizer-gemma4/{f}: {e} (run `flowrl data synth --gemma4-tokenizer-out`)")
+            panic!(
+                "assets/tokenizer-gemma4/{f}: {e} (run `flowrl data synth --gemma4-tokenizer-out`)"
+            )
         });
         assert_eq!(
             std::fs::read_to_string(dir.path().join("tok-gemma4").join(f)).unwrap(),
@@ -94,11 +96,16 @@ fn gemma4_special_tokens_have_gemma_ids_and_text_round_trips() {
 #[test]
 fn gemma4_template_is_the_fixture_model_directory_template() {
     let fixture: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(repo().join("tests/fixtures/data/gemma4_chat/tokenizer_config.json"))
-            .unwrap(),
+        &std::fs::read_to_string(
+            repo().join("tests/fixtures/data/gemma4_chat/tokenizer_config.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
-    assert_eq!(fixture["chat_template"].as_str().unwrap(), GEMMA4_CHAT_TEMPLATE);
+    assert_eq!(
+        fixture["chat_template"].as_str().unwrap(),
+        GEMMA4_CHAT_TEMPLATE
+    );
 }
 
 #[test]
