@@ -297,6 +297,32 @@ pub fn attention<B: Backend>(
     softmax(scores, 3).cast(dtype).matmul(v)
 }
 
+/// Grouped-query attention without copying keys and values per query head: q
+/// `[b, heads, L, d]`, k, v `[b, kv_heads, T, d]`, bias `[b, 1, L, T]`. Query head j uses kv
+/// head `j / group` (HF `repeat_kv` semantics): the `group` query heads of one kv head are
+/// stacked along the query axis, `[b, kv_heads, group·L, d]`, and attend to that kv head at once.
+pub fn grouped_query_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Tensor<B, 4>,
+    scale: f64,
+) -> Tensor<B, 4> {
+    let [b, heads, l, d] = q.dims();
+    let kv_heads = k.dims()[1];
+    let group = heads / kv_heads;
+    if group == 1 {
+        return attention(q, k, v, Some(bias), scale);
+    }
+    let t = bias.dims()[3];
+    let q = q.reshape([b, kv_heads, group * l, d]);
+    let bias = bias
+        .unsqueeze_dim::<5>(2)
+        .repeat_dim(2, group)
+        .reshape([b, 1, group * l, t]);
+    attention(q, k, v, Some(bias), scale).reshape([b, heads, l, d])
+}
+
 /// `[batch, kv_heads, T, d]` → `[batch, kv_heads·group, T, d]`: query head j uses kv head
 /// `j / group` (HF `repeat_kv`).
 pub fn repeat_kv<B: Backend>(x: Tensor<B, 4>, group: usize) -> Tensor<B, 4> {

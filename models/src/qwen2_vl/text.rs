@@ -12,8 +12,8 @@ use burn::tensor::DType;
 use super::config::TextConfig;
 use crate::capabilities::KvCache;
 use crate::layers::{
-    Linear, RmsNorm, SwiGluMlp, apply_rotary, attention, causal_padding_bias, inv_freq, repeat_kv,
-    rope_tables,
+    Linear, RmsNorm, SwiGluMlp, apply_rotary, causal_padding_bias, grouped_query_attention,
+    inv_freq, rope_tables,
 };
 use crate::weights::{Init, WeightSource, WeightVisitor};
 
@@ -87,9 +87,7 @@ impl<B: Backend> TextAttention<B> {
             }
             *slot = Some((k.clone(), v.clone()));
         }
-        let k = repeat_kv(k, h / kvh);
-        let v = repeat_kv(v, h / kvh);
-        let out = attention(q, k, v, Some(bias), 1.0 / (d as f64).sqrt());
+        let out = grouped_query_attention(q, k, v, bias, 1.0 / (d as f64).sqrt());
         self.o_proj
             .forward(out.swap_dims(1, 2).reshape([b, l, h * d]))
     }
