@@ -34,6 +34,13 @@ fn main() -> Result<()> {
         std::fs::copy(assets.join(f), out.join(f))
             .with_context(|| format!("copying {f} from {}", assets.display()))?;
     }
+    // transformers' processors read the chat template from `chat_template.jinja` only.
+    let tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer_config.json"))?)?;
+    let template = tok["chat_template"]
+        .as_str()
+        .context("tokenizer_config.json has no chat_template")?;
+    std::fs::write(out.join("chat_template.jinja"), template)?;
     // The image processor of the tiny asset with `longest_edge` raised to 224² pixels, so a
     // 224×224 image keeps its size: 16×16 patches, 64 image tokens.
     let processor = Path::new(env!("CARGO_MANIFEST_DIR")).join("preprocessor_config.json");

@@ -1,0 +1,67 @@
+"""Shared pieces of the Python reference side: the prompts (read from the same parquet file as
+flowrl, verl schema) and the model/processor (the same Hugging Face directory flowrl loads)."""
+
+import io
+import json
+import os
+import time
+
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+
+
+def set_threads(threads: int):
+    """Intra-op and inter-op threads of torch, to the Rust side's thread count."""
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+
+
+def verl_messages_to_hf(messages):
+    """verl's `<image>` placeholders in a message's text become `{"type": "image"}` content
+    items in order (what verl's and flowrl's prompt encoders do)."""
+    out = []
+    for m in messages:
+        parts = m["content"].split("<image>")
+        content = []
+        for i, text in enumerate(parts):
+            if i > 0:
+                content.append({"type": "image"})
+            if text:
+                content.append({"type": "text", "text": text})
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def load_prompts(path, count):
+    """The first `count` rows: (hf_messages, [PIL images], ground_truth)."""
+    rows = pq.read_table(path).slice(0, count).to_pylist()
+    out = []
+    for r in rows:
+        images = [Image.open(io.BytesIO(i["bytes"])).convert("RGB") for i in r["images"]]
+        out.append((verl_messages_to_hf(r["prompt"]), images, r["reward_model"]["ground_truth"]))
+    return out
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+class Timer:
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.s = time.perf_counter() - self.t0
+
+
+def write_json(path, value):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
