@@ -222,7 +222,15 @@ fn python_example_scores_match_the_rust_rules_and_reach_the_metrics() {
             );
         }
         let mean = want.iter().sum::<f64>() / want.len() as f64;
-        assert!((report.metrics["critic/score/mean"] - mean).abs() < 1e-9);
+        // flowrl logs the f32 scores like a built-in reward's.
+        assert!((report.metrics["critic/score/mean"] - mean).abs() < 1e-6);
+        assert!((report.metrics["critic/score/acc/mean"] - 4.0 / 6.0).abs() < 1e-6);
+        assert_eq!(report.metrics["critic/score/format/mean"], 0.5);
+        assert_eq!(
+            report.metrics["reward/boxed_fraction"],
+            4.0 / 6.0,
+            "the program's own"
+        );
         assert_eq!(got.components["acc"], vec![1.0, 0.0, 1.0, 0.0, 1.0, 1.0]);
         assert_eq!(got.components["format"], vec![1.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
         assert_eq!(
@@ -417,8 +425,8 @@ fn a_silent_program_times_out_at_start() {
         "import time, sys\nprint('thinking', file=sys.stderr, flush=True)\ntime.sleep(30)\n",
     );
     let t = std::time::Instant::now();
-    let e = check_fails(&graph(&["python3", &prog], "start_timeout_s = 0.5"));
-    assert!(e.contains("printed no handshake within 0.5 s"), "{e}");
+    let e = check_fails(&graph(&["python3", &prog], "start_timeout_s = 3"));
+    assert!(e.contains("printed no handshake within 3 s"), "{e}");
     assert!(e.contains("| thinking"), "{e}");
     assert!(t.elapsed().as_secs_f64() < 10.0, "killed, not waited for");
 }
@@ -434,7 +442,7 @@ fn never_answering_a_request_is_a_timeout_error() {
         ),
     );
     let collect = Collect::default();
-    let mut s = session(&graph(&["python3", &prog], "timeout_s = 0.5"), &collect);
+    let mut s = session(&graph(&["python3", &prog], "timeout_s = 2.5"), &collect);
     let t = std::time::Instant::now();
     let e = format!("{:#}", step(&mut s, 0).unwrap_err());
     assert!(t.elapsed().as_secs_f64() < 10.0);
@@ -444,7 +452,7 @@ fn never_answering_a_request_is_a_timeout_error() {
     );
     assert!(e.contains("exec node `reward` (`python3 "), "{e}");
     assert!(
-        e.contains("the program did not answer step 1 within 0.5 s"),
+        e.contains("the program did not answer step 1 within 2.5 s"),
         "{e}"
     );
     assert!(e.contains("| stuck on"), "{e}");
