@@ -153,7 +153,7 @@ fn grpo_gemma4_runs_two_steps_with_consistent_log_probs() {
         let plen = num(step, "prompt_length/mean");
         assert!((95.0..=105.0).contains(&plen), "prompt length {plen}");
         let rlen = num(step, "response_length/mean");
-        assert!(rlen >= 1.0 && rlen <= 16.0, "response length {rlen}");
+        assert!((1.0..=16.0).contains(&rlen), "response length {rlen}");
         for key in [
             "actor/pg_loss",
             "actor/kl_loss",

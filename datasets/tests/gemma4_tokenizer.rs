@@ -117,7 +117,9 @@ fn shapes_prompt_renders_in_gemma_turn_format_and_expands_64_soft_tokens() {
         content: s.prompt.clone(),
     }];
     let question = s.question.strip_prefix("<image>").unwrap();
-    let out = enc.encode(&messages, &[s.image.clone()], true).unwrap();
+    let out = enc
+        .encode(&messages, std::slice::from_ref(&s.image), true)
+        .unwrap();
     assert_eq!(
         out.text,
         format!("<bos><|turn>user\n<|image|>{question} {INSTRUCTION}<turn|>\n<|turn>model\n")
