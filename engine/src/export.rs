@@ -241,15 +241,25 @@ pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
     const GY: f64 = 40.0;
     let layer = layers(graph);
     let nlayers = layer.iter().copied().max().map_or(0, |m| m + 1);
+    // Edges that skip a layer run in their own lane above the boxes, so they never pass behind one.
+    let long_edges = graph
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(to, n)| n.inputs.iter().map(move |e| (e.from, to)))
+        .filter(|&(from, to)| layer[to] > layer[from] + 1)
+        .count();
+    const LANE: f64 = 16.0;
+    let top = 20.0 + long_edges as f64 * LANE;
     let mut rows = vec![0usize; nlayers.max(1)];
     let mut pos = vec![(0.0, 0.0); graph.nodes.len()];
     for &i in &graph.order {
         let l = layer[i];
-        pos[i] = (20.0 + l as f64 * (W + GX), 20.0 + rows[l] as f64 * (H + GY));
+        pos[i] = (20.0 + l as f64 * (W + GX), top + rows[l] as f64 * (H + GY));
         rows[l] += 1;
     }
     let max_rows = rows.iter().copied().max().unwrap_or(1);
-    let res_y = 20.0 + max_rows as f64 * (H + GY) + 20.0;
+    let res_y = top + max_rows as f64 * (H + GY) + 20.0;
     let res_pos: Vec<(f64, f64)> = (0..graph.resources.len())
         .map(|k| (20.0 + k as f64 * (W + 40.0), res_y))
         .collect();
@@ -267,22 +277,46 @@ pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
         svg,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"Helvetica, Arial, sans-serif\">\n<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"8\" markerHeight=\"8\" orient=\"auto-start-reverse\"><path d=\"M 0 0 L 10 5 L 0 10 z\" fill=\"#456\"/></marker></defs>\n"
     );
+    let mut lane = 0usize;
     for (to, n) in graph.nodes.iter().enumerate() {
         for e in &n.inputs {
             let (x1, y1) = (pos[e.from].0 + W, pos[e.from].1 + H / 2.0);
             let (x2, y2) = (pos[to].0, pos[to].1 + H / 2.0);
-            let mx = (x1 + x2) / 2.0;
+            let (path, mx, label_y) = if layer[to] > layer[e.from] + 1 {
+                // Leave the source's right side, climb in the gap after its column, travel in a
+                // lane above every box, and come down in the gap before the target's column.
+                let ly = 14.0 + lane as f64 * LANE;
+                let gx = x1 + 14.0 + (lane % 6) as f64 * 6.0;
+                lane += 1;
+                let path = format!(
+                    "M {x1:.1} {y1:.1} L {:.1} {y1:.1} Q {gx:.1} {y1:.1}, {gx:.1} {:.1} L {gx:.1} {:.1} Q {gx:.1} {ly:.1}, {:.1} {ly:.1} L {:.1} {ly:.1} C {:.1} {ly:.1}, {:.1} {y2:.1}, {x2:.1} {y2:.1}",
+                    gx - 8.0,
+                    y1 - 8.0,
+                    ly + 8.0,
+                    gx + 8.0,
+                    x2 - GX / 2.0,
+                    x2 - 20.0,
+                    x2 - 20.0
+                );
+                let sx = gx;
+                (path, (sx + x2) / 2.0, ly - 3.0)
+            } else {
+                let mx = (x1 + x2) / 2.0;
+                let path = format!(
+                    "M {x1:.1} {y1:.1} C {mx:.1} {y1:.1}, {mx:.1} {y2:.1}, {x2:.1} {y2:.1}"
+                );
+                (path, mx, (y1 + y2) / 2.0 - 4.0)
+            };
             let _ = writeln!(
                 svg,
-                "<path d=\"M {x1:.1} {y1:.1} C {mx:.1} {y1:.1}, {mx:.1} {y2:.1}, {x2:.1} {y2:.1}\" fill=\"none\" stroke=\"#456\" stroke-width=\"1.5\" marker-end=\"url(#arrow)\"><title>{} → {} ({})</title></path>",
+                "<path d=\"{path}\" fill=\"none\" stroke=\"#456\" stroke-width=\"1.5\" marker-end=\"url(#arrow)\"><title>{} → {} ({})</title></path>",
                 esc(&format!("{}.{}", graph.nodes[e.from].name, e.from_port)),
                 esc(&format!("{}.{}", n.name, e.port)),
                 esc(e.ty.name())
             );
             let _ = writeln!(
                 svg,
-                "<text x=\"{mx:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#234\">{}</text>",
-                (y1 + y2) / 2.0 - 4.0,
+                "<text x=\"{mx:.1}\" y=\"{label_y:.1}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#234\">{}</text>",
                 esc(e.ty.name())
             );
         }
