@@ -19,9 +19,225 @@
 use std::collections::BTreeMap;
 
 /// `true` when `(a) - (b)` parses and evaluates to exactly 0.
+///
+/// A purely numeric expression that contains a decimal literal is evaluated the way sympy
+/// evaluates `Float`s: exact rationals until they meet a float, then IEEE double arithmetic
+/// (sympy's 15-digit `Float`s are 53-bit mpmath numbers with correct rounding), and the result
+/// must be exactly 0.0 (so `0.1+0.2` ≠ `0.3`, as in the reference). Decimals of more than 15
+/// significant digits get more precision in sympy; they are kept exact here (so
+/// `0.3333333333333333` ≠ `1/3`). Everything else goes through the exact symbolic evaluator.
 pub fn expressions_equal(a: &str, b: &str) -> bool {
     let src = format!("({a})-({b})").replace('^', "**");
+    let Some(tokens) = tokenize(&src) else {
+        return false;
+    };
+    let mut numeric = NumParser { t: &tokens, i: 0 };
+    if let Some(v) = numeric.expr().filter(|_| numeric.i == tokens.len()) {
+        return match v {
+            Num::Exact(q) | Num::Long(q) => q.is_zero(),
+            Num::Float(x) => x == 0.0,
+        };
+    }
     evaluate(&src).is_some_and(|v| v.num.terms.is_empty())
+}
+
+/// A number as sympy holds it: an exact rational, a 53-bit float, or a long decimal (a
+/// higher-precision float, kept exact here; a 53-bit float it meets joins it exactly).
+#[derive(Debug, Clone, Copy)]
+enum Num {
+    Exact(Rat),
+    Float(f64),
+    Long(Rat),
+}
+
+/// The exact value of a finite double.
+fn f64_to_rat(x: f64) -> Option<Rat> {
+    if !x.is_finite() {
+        return None;
+    }
+    if x == 0.0 {
+        return Some(Rat::ZERO);
+    }
+    let bits = x.to_bits();
+    let sign: i128 = if bits >> 63 == 0 { 1 } else { -1 };
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    let frac = (bits & ((1u64 << 52) - 1)) as i128;
+    let (mant, e) = if exp == 0 {
+        (frac, -1074)
+    } else {
+        (frac | (1i128 << 52), exp - 1075)
+    };
+    if e >= 0 {
+        if e > 70 {
+            return None;
+        }
+        Some(Rat::int(sign * mant.checked_mul(1i128 << e)?))
+    } else {
+        let e = -e;
+        if e > 120 {
+            return None;
+        }
+        Rat::new(sign * mant, 1i128 << e)
+    }
+}
+
+impl Num {
+    fn to_f64(self) -> f64 {
+        match self {
+            Num::Exact(q) | Num::Long(q) => q.n as f64 / q.d as f64,
+            Num::Float(x) => x,
+        }
+    }
+    fn exact(self) -> Option<Rat> {
+        match self {
+            Num::Exact(q) | Num::Long(q) => Some(q),
+            Num::Float(x) => f64_to_rat(x),
+        }
+    }
+    fn combine(
+        self,
+        o: Num,
+        exact: impl Fn(Rat, Rat) -> Option<Rat>,
+        float: impl Fn(f64, f64) -> f64,
+    ) -> Option<Num> {
+        match (self, o) {
+            (Num::Exact(a), Num::Exact(b)) => exact(a, b).map(Num::Exact),
+            (Num::Long(_), _) | (_, Num::Long(_)) => {
+                exact(self.exact()?, o.exact()?).map(Num::Long)
+            }
+            _ => Some(Num::Float(float(self.to_f64(), o.to_f64()))),
+        }
+    }
+    fn recip(self) -> Option<Num> {
+        match self {
+            Num::Exact(q) | Num::Long(q) if q.is_zero() => None,
+            Num::Exact(q) => Rat::new(q.d, q.n).map(Num::Exact),
+            Num::Long(q) => Rat::new(q.d, q.n).map(Num::Long),
+            Num::Float(x) => Some(Num::Float(1.0 / x)),
+        }
+    }
+    fn neg(self) -> Option<Num> {
+        match self {
+            Num::Exact(q) => q.neg().map(Num::Exact),
+            Num::Long(q) => q.neg().map(Num::Long),
+            Num::Float(x) => Some(Num::Float(-x)),
+        }
+    }
+    fn pow(self, e: Num) -> Option<Num> {
+        match (self, e) {
+            (Num::Exact(b), Num::Exact(e)) if e.d == 1 => {
+                Val::constant(b).powi(e.n)?.as_rational().map(Num::Exact)
+            }
+            (Num::Exact(_), Num::Exact(_)) => None, // a symbolic root
+            (Num::Long(b), Num::Exact(e)) if e.d == 1 => {
+                Val::constant(b).powi(e.n)?.as_rational().map(Num::Long)
+            }
+            (Num::Long(_), _) | (_, Num::Long(_)) => None,
+            _ => {
+                let r = self.to_f64().powf(e.to_f64());
+                r.is_finite().then_some(Num::Float(r))
+            }
+        }
+    }
+    fn sqrt(self) -> Option<Num> {
+        match self {
+            Num::Exact(q) => {
+                let v = sqrt_rational(q, false)?;
+                v.as_rational().map(Num::Exact) // an irrational root stays symbolic
+            }
+            Num::Float(x) if x >= 0.0 => Some(Num::Float(x.sqrt())),
+            Num::Float(_) | Num::Long(_) => None,
+        }
+    }
+}
+
+/// The numeric-only twin of [`Parser`] (same grammar; no symbols, no π).
+struct NumParser<'a> {
+    t: &'a [Tok],
+    i: usize,
+}
+
+impl NumParser<'_> {
+    fn eat(&mut self, tok: &Tok) -> bool {
+        if self.t.get(self.i) == Some(tok) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn expr(&mut self) -> Option<Num> {
+        let mut v = self.term()?;
+        loop {
+            if self.eat(&Tok::Plus) {
+                v = v.combine(self.term()?, Rat::add, |a, b| a + b)?;
+            } else if self.eat(&Tok::Minus) {
+                let t = self.term()?.neg()?;
+                v = v.combine(t, Rat::add, |a, b| a + b)?;
+            } else {
+                return Some(v);
+            }
+        }
+    }
+    fn term(&mut self) -> Option<Num> {
+        let mut v = self.unary()?;
+        loop {
+            if self.eat(&Tok::Star) {
+                v = v.combine(self.unary()?, Rat::mul, |a, b| a * b)?;
+            } else if self.eat(&Tok::Slash) {
+                let d = self.unary()?;
+                v = match (v, d) {
+                    (Num::Long(_), _) | (_, Num::Long(_)) | (Num::Exact(_), Num::Exact(_)) => {
+                        v.combine(d.recip()?, Rat::mul, |a, b| a * b)?
+                    }
+                    _ => Num::Float(v.to_f64() / d.to_f64()),
+                };
+            } else if matches!(
+                self.t.get(self.i),
+                Some(Tok::Num(..) | Tok::Sqrt | Tok::LParen)
+            ) {
+                v = v.combine(self.unary()?, Rat::mul, |a, b| a * b)?;
+            } else {
+                return Some(v);
+            }
+        }
+    }
+    fn unary(&mut self) -> Option<Num> {
+        if self.eat(&Tok::Minus) {
+            return self.unary()?.neg();
+        }
+        if self.eat(&Tok::Plus) {
+            return self.unary();
+        }
+        let base = self.atom()?;
+        if self.eat(&Tok::Pow) {
+            let e = self.unary()?;
+            return base.pow(e);
+        }
+        Some(base)
+    }
+    fn atom(&mut self) -> Option<Num> {
+        let tok = self.t.get(self.i)?.clone();
+        self.i += 1;
+        match tok {
+            Tok::Num(q, Lit::Float) => Some(Num::Float(q.n as f64 / q.d as f64)),
+            Tok::Num(q, Lit::Long) => Some(Num::Long(q)),
+            Tok::Num(q, Lit::Int) => Some(Num::Exact(q)),
+            Tok::Sqrt => {
+                if !self.eat(&Tok::LParen) {
+                    return None;
+                }
+                let v = self.expr()?;
+                self.eat(&Tok::RParen).then_some(())?;
+                v.sqrt()
+            }
+            Tok::LParen => {
+                let v = self.expr()?;
+                self.eat(&Tok::RParen).then_some(v)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Evaluates an expression; `None` when it is outside the language.
@@ -349,8 +565,8 @@ fn sqrt_rational(q: Rat, float: bool) -> Option<Val> {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
-    /// A number and whether it is a Python float literal (`.` or exponent).
-    Num(Rat, bool),
+    /// A number and how sympy holds it.
+    Num(Rat, Lit),
     Sym(char),
     Pi,
     Sqrt,
@@ -439,7 +655,19 @@ const GREEK: &[&str] = &[
     "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega",
 ];
 
-fn parse_number(c: &[char], i: &mut usize) -> Option<(Rat, bool)> {
+/// How sympy holds a number literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lit {
+    /// An integer literal: an exact `Integer`.
+    Int,
+    /// A decimal with at most 15 significant digits: a 53-bit `Float`.
+    Float,
+    /// A decimal with more than 15 significant digits: a `Float` whose precision follows its
+    /// digits, treated here as its exact decimal value.
+    Long,
+}
+
+fn parse_number(c: &[char], i: &mut usize) -> Option<(Rat, Lit)> {
     let begin = *i;
     let mut mant: i128 = 0;
     let mut scale: i32 = 0;
@@ -492,13 +720,19 @@ fn parse_number(c: &[char], i: &mut usize) -> Option<(Rat, bool)> {
     let is_float = c[begin..*i]
         .iter()
         .any(|&ch| ch == '.' || ch == 'e' || ch == 'E');
+    let significant = if mant == 0 { 1 } else { mant.to_string().len() };
+    let lit = match (is_float, significant > 15) {
+        (false, _) => Lit::Int,
+        (true, false) => Lit::Float,
+        (true, true) => Lit::Long,
+    };
     let p = 10i128.pow(scale.unsigned_abs());
     let q = if scale >= 0 {
         Rat::int(mant.checked_mul(p)?)
     } else {
         Rat::new(mant, p)?
     };
-    Some((q, is_float))
+    Some((q, lit))
 }
 
 fn tokenize(src: &str) -> Option<Vec<Tok>> {
@@ -512,8 +746,8 @@ fn tokenize(src: &str) -> Option<Vec<Tok>> {
         } else if ch.is_ascii_digit()
             || (ch == '.' && c.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
         {
-            let (q, is_float) = parse_number(&c, &mut i)?;
-            out.push(Tok::Num(q, is_float));
+            let (q, lit) = parse_number(&c, &mut i)?;
+            out.push(Tok::Num(q, lit));
         } else if ch.is_alphabetic() || ch == '_' {
             let start = i;
             while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
@@ -562,7 +796,7 @@ fn name_tokens(name: &str, out: &mut Vec<Tok>) -> Option<()> {
                             .checked_add(chars[i].to_digit(10)? as i128)?;
                         i += 1;
                     }
-                    out.push(Tok::Num(Rat::int(n), false));
+                    out.push(Tok::Num(Rat::int(n), Lit::Int));
                 } else if chars[i].is_alphabetic() {
                     out.push(Tok::Sym(chars[i]));
                     i += 1;
@@ -642,9 +876,9 @@ impl Parser {
         let tok = self.peek()?.clone();
         self.i += 1;
         match tok {
-            Tok::Num(q, is_float) => {
+            Tok::Num(q, lit) => {
                 let mut v = Val::constant(q);
-                v.float = is_float;
+                v.float = lit != Lit::Int;
                 Some(v)
             }
             Tok::Sym(s) => Some(Val::mono(Mono {
@@ -706,5 +940,11 @@ mod tests {
         assert!(!eq("sqrt(0.5)", "sqrt(2)/2"));
         assert!(eq("sqrt(0.25)", "1/2"));
         assert!(eq("0.5sqrt(2)", "sqrt(2)/2"));
+        // Decimal arithmetic follows sympy's Floats.
+        assert!(!eq("0.1+0.2", "0.3"));
+        assert!(eq("7.75", "7+3/4"));
+        assert!(!eq("0.3333333333333333", "1/3"));
+        assert!(!eq("sqrt(2)", "1.4142135623730951"));
+        assert!(eq("0.25+0.25", "1/2"));
     }
 }

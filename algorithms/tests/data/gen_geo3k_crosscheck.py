@@ -1,13 +1,14 @@
 """Regenerates geo3k_grader_crosscheck.json (before trimming) from the real grader.
 
 Needs `pip install --target /tmp/pyref mathruler==0.1.0 sympy==1.14.0 pylatexenc==2.11` and a
-stub `tqdm` module (mathruler imports it) in /tmp/gen/stub. Usage: python3 gen_geo3k_crosscheck.py OUT.json
+stub `tqdm` module (mathruler imports it) in /tmp/gen/stub. Usage: python3 gen_geo3k_crosscheck.py OUT.json [PAIRS_MODULE]
 """
 import sys, json, re, signal
 sys.path.insert(0, '/tmp/pyref')
 sys.path.insert(0, __import__('os').path.dirname(__file__)); sys.path.insert(0, '/tmp/gen/stub')
 from mathruler.grader import extract_boxed_content, grade_answer
-from geo3k_crosscheck_pairs import answers, truths
+import importlib
+answers, truths = (lambda m: (m.answers, m.truths))(importlib.import_module(sys.argv[2] if len(sys.argv) > 2 else 'geo3k_crosscheck_pairs'))
 def format_reward(s):
     return 1.0 if re.fullmatch(re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL), s) else 0.0
 class TO(Exception): pass
