@@ -122,6 +122,7 @@ fn draw_one<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc("step")
         .x_labels(6)
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .y_labels(6)
         .draw()?;
     chart.draw_series(LineSeries::new(pts.iter().copied(), &BLUE))?;
