@@ -115,8 +115,8 @@ struct Stored {
 /// Weights read from a Hugging Face directory.
 pub struct Checkpoint<B: Backend> {
     device: B::Device,
+    /// Tensors not taken yet.
     tensors: HashMap<String, Stored>,
-    used: BTreeSet<String>,
     missing: Vec<String>,
     misshaped: Vec<String>,
     dir: String,
@@ -175,7 +175,6 @@ impl<B: Backend> Checkpoint<B> {
         Ok(Self {
             device: device.clone(),
             tensors,
-            used: BTreeSet::new(),
             missing: Vec::new(),
             misshaped: Vec::new(),
             dir: dir.display().to_string(),
@@ -191,13 +190,7 @@ impl<B: Backend> Checkpoint<B> {
 
     /// Every missing, mis-shaped or unexpected tensor, in one error.
     pub fn finish(self) -> Result<()> {
-        let unexpected: Vec<&String> = self
-            .tensors
-            .keys()
-            .filter(|k| !self.used.contains(*k))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let unexpected: BTreeSet<&String> = self.tensors.keys().collect();
         if self.missing.is_empty() && self.misshaped.is_empty() && unexpected.is_empty() {
             return Ok(());
         }
@@ -248,30 +241,25 @@ impl<B: Backend> WeightSource<B> for Checkpoint<B> {
 
     fn take_data(&mut self, name: &str, shape: &[usize], _init: Init) -> Vec<f32> {
         let n = shape.iter().product();
-        match self.tensors.get(name) {
+        // Taken tensors leave the map (no second copy in memory); what remains is unexpected.
+        match self.tensors.remove(name) {
             None => {
                 self.missing.push(format!("{name} {shape:?}"));
                 vec![0.0; n]
             }
-            Some(stored) => {
-                self.used.insert(name.to_string());
-                if stored.shape != shape {
-                    self.misshaped.push(format!(
-                        "mis-shaped tensor {name}: checkpoint {:?}, config expects {shape:?}",
-                        stored.shape
-                    ));
-                    vec![0.0; n]
-                } else {
-                    stored.values.clone()
-                }
+            Some(stored) if stored.shape != shape => {
+                self.misshaped.push(format!(
+                    "mis-shaped tensor {name}: checkpoint {:?}, config expects {shape:?}",
+                    stored.shape
+                ));
+                vec![0.0; n]
             }
+            Some(stored) => stored.values,
         }
     }
 
     fn ignore(&mut self, name: &str) {
-        if self.tensors.contains_key(name) {
-            self.used.insert(name.to_string());
-        }
+        self.tensors.remove(name);
     }
 }
 
