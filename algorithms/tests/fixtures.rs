@@ -43,7 +43,12 @@ fn documents(prefix: &str) -> Vec<(String, Value)> {
         })
         .collect();
     paths.sort();
-    assert!(!paths.is_empty(), "no {prefix}*.json in {}", dir.display());
+    // The repository's own set must be complete; a substituted set may hold only some kinds.
+    if std::env::var_os("FLOWRL_GRPO_FIXTURES").is_some() && paths.is_empty() {
+        eprintln!("no {prefix}*.json in {}: skipped", dir.display());
+    } else {
+        assert!(!paths.is_empty(), "no {prefix}*.json in {}", dir.display());
+    }
     paths
         .into_iter()
         .map(|p| {
@@ -121,7 +126,9 @@ impl Report {
             self.checked,
             self.failures.len()
         );
-        assert!(self.checked > 0, "{what}: nothing checked");
+        if std::env::var_os("FLOWRL_GRPO_FIXTURES").is_none() {
+            assert!(self.checked > 0, "{what}: nothing checked");
+        }
         assert!(
             self.failures.is_empty(),
             "{what}: {} mismatches:\n{}",
