@@ -304,3 +304,44 @@ fn kv_cache_select_rows_keeps_the_remaining_rows() {
         .fold(0.0f32, f32::max);
     assert!(dev < 1e-5, "kept rows changed by {dev}");
 }
+
+/// `Model` is a burn `Module`: a burn optimizer steps it and the loss goes down.
+#[test]
+fn burn_optimizer_steps_the_model() {
+    use burn::backend::Autodiff;
+    use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+    use burn::tensor::activation::log_softmax;
+    type AD = Autodiff<Flex>;
+    let device = Default::default();
+    let dir = model_cases(FAMILIES)
+        .into_iter()
+        .next()
+        .expect("a Qwen VL case");
+    let mut model = Model::<AD>::load(&dir, &device).unwrap();
+    let batch = PaddedBatch::left_pad(&[vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9]], 0);
+    let loss = |model: &Model<AD>| {
+        let lm = model.causal_lm();
+        let pos = model.position_ids(&batch, &[]).unwrap();
+        let h = lm.forward_hidden(
+            batch.ids_tensor(&device),
+            model.input_embeddings(&batch, &[], &device).unwrap(),
+            pos.tensor(&device),
+            batch.mask_tensor(&device),
+            None,
+        );
+        let l = batch.len;
+        let targets = batch.ids_tensor::<AD>(&device).narrow(1, 1, l - 1);
+        log_softmax(lm.lm_head(h).narrow(1, 0, l - 1), 2)
+            .gather(2, targets.unsqueeze_dim(2))
+            .mean()
+            .neg()
+    };
+    let before = loss(&model);
+    let value = |t: &burn::tensor::Tensor<AD, 1>| t.clone().into_scalar();
+    let l0: f32 = value(&before);
+    let grads = GradientsParams::from_grads(before.backward(), &model);
+    let mut optim = AdamConfig::new().init();
+    model = optim.step(1e-2, model, grads);
+    let l1: f32 = value(&loss(&model));
+    assert!(l1 < l0, "loss did not decrease: {l0} -> {l1}");
+}
