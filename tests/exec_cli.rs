@@ -136,7 +136,8 @@ fn the_program_sees_the_same_rollouts_as_the_engine() {
     // Reports the mean response length it received; the rollout node reports its own.
     let dir = tempfile::tempdir().unwrap();
     let body = r#"
-import json, sys
+import json, sys, os
+open(os.environ["STARTS_LOG"], "a").write(os.environ["FLOWRL_NODE"] + "\n")
 print(json.dumps({"hello": {"protocol": 1, "name": "lens", "version": "0",
     "inputs": [{"name": "rollouts", "type": "Rollouts"}],
     "outputs": [{"name": "scores", "type": "Scores"}]}}), flush=True)
@@ -150,15 +151,26 @@ for line in sys.stdin:
 "#;
     let graph = graph_with(dir.path(), "lens.py", body);
     let run = dir.path().join("run");
-    let out = flowrl(&[
-        "run",
-        &graph,
-        "--out",
-        run.to_str().unwrap(),
-        "--steps",
-        "1",
-    ]);
+    let starts = dir.path().join("starts.log");
+    let out = Command::new(env!("CARGO_BIN_EXE_flowrl"))
+        .args([
+            "run",
+            &graph,
+            "--out",
+            run.to_str().unwrap(),
+            "--steps",
+            "2",
+        ])
+        .env("STARTS_LOG", &starts)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&starts).unwrap(),
+        "reward\n",
+        "one start for the whole run (check, build and two steps)"
+    );
     let m = &metrics(&run)[0];
     assert_eq!(m["test/size"], 4.0, "batch_size 2 × n 2");
     assert_eq!(m["test/len"], m["response_length/mean"], "{m}");
@@ -228,7 +240,7 @@ fn the_grpo_example_is_the_default_graph_with_the_python_reward() {
     let (r_ours, r_default) = (take_reward(&mut ours), take_reward(&mut default));
     assert_eq!(
         ours["nodes"], default["nodes"],
-        "every other node as in {DEFAULT}"
+        "every other node must be as in {DEFAULT}: copy its changes into {GRPO}"
     );
     assert_eq!(ours["resources"], default["resources"]);
     assert_eq!(ours["order"], default["order"]);
