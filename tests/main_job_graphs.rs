@@ -54,7 +54,10 @@ fn a_response_that_cannot_fit_the_context_is_rejected_with_the_numbers() {
     let out = validate(&["--set", "nodes.rollout.max_new_tokens=4000"]);
     assert_eq!(out.status.code(), Some(78));
     let e = stderr(&out);
-    assert!(e.contains("1024 + max_new_tokens 4000 = 5024 exceeds the context"), "{e}");
+    assert!(
+        e.contains("1024 + max_new_tokens 4000 = 5024 exceeds the context"),
+        "{e}"
+    );
     assert!(e.contains("4096 tokens"), "{e}");
 }
 
@@ -74,5 +77,9 @@ fn a_kl_loss_without_reference_log_probs_is_rejected() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
-    assert!(stderr(&out).contains("wire `ref_log_probs`"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("wire `ref_log_probs`"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -33,7 +33,11 @@ const SMALL: &[&str] = &[
 ];
 
 fn flowrl(args: &[&str]) -> Output {
-    let out = Command::new(BIN).current_dir(root()).args(args).output().unwrap();
+    let out = Command::new(BIN)
+        .current_dir(root())
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "flowrl {args:?} failed:\n{}",
@@ -44,7 +48,14 @@ fn flowrl(args: &[&str]) -> Output {
 
 fn run(out: &Path, steps: u32) {
     let steps = steps.to_string();
-    let mut args = vec!["run", GRAPH, "--out", out.to_str().unwrap(), "--steps", &steps];
+    let mut args = vec![
+        "run",
+        GRAPH,
+        "--out",
+        out.to_str().unwrap(),
+        "--steps",
+        &steps,
+    ];
     args.extend_from_slice(SMALL);
     flowrl(&args);
 }
@@ -90,11 +101,19 @@ fn default_graph_trains_for_a_few_steps_and_writes_a_loadable_checkpoint() {
         "val/flowrl/shapes/score",
         "val/flowrl/shapes/accuracy",
     ] {
-        let v = m[1].get(key).unwrap_or_else(|| panic!("step 2 lacks {key}: {}", m[1]));
+        let v = m[1]
+            .get(key)
+            .unwrap_or_else(|| panic!("step 2 lacks {key}: {}", m[1]));
         assert!(v.as_f64().is_some_and(f64::is_finite), "{key} = {v}");
     }
     let raw = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    for key in ["timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/step"] {
+    for key in [
+        "timing_s/gen",
+        "timing_s/old_log_prob",
+        "timing_s/ref",
+        "timing_s/update_actor",
+        "timing_s/step",
+    ] {
         assert!(raw.contains(key), "metrics lack {key}");
     }
 
@@ -102,7 +121,12 @@ fn default_graph_trains_for_a_few_steps_and_writes_a_loadable_checkpoint() {
     // logits as the checkpoint of an identical run loaded the same way (and differs from the
     // starting weights: the update changed them).
     let ckpt: PathBuf = out.join("checkpoints/step_000002/resources/policy/model");
-    for f in ["config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "preprocessor_config.json",
+    ] {
         assert!(ckpt.join(f).is_file(), "{} missing", ckpt.join(f).display());
     }
     let logits = |dir: &Path| -> Vec<f32> {
@@ -113,15 +137,28 @@ fn default_graph_trains_for_a_few_steps_and_writes_a_loadable_checkpoint() {
         let lm = model.causal_lm();
         let ids = Tensor::<Flex, 2, Int>::from_data([[408i64, 409, 5, 17, 410]], &device);
         let batch = flowrl_models::PaddedBatch::left_pad(&[vec![408, 409, 5, 17, 410]], 408);
-        let pos = model.position_ids(&batch, &[]).unwrap().tensor::<Flex>(&device);
+        let pos = model
+            .position_ids(&batch, &[])
+            .unwrap()
+            .tensor::<Flex>(&device);
         let mask = batch.mask_tensor::<Flex>(&device);
         let h = lm.forward_hidden(ids.clone(), lm.embed_tokens(ids), pos, mask, None);
-        lm.lm_head(h).into_data().convert::<f32>().into_vec().unwrap()
+        lm.lm_head(h)
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .unwrap()
     };
     let trained = logits(&ckpt);
     let start = logits(&root().join("assets/tiny-qwen2-vl"));
     assert_eq!(trained.len(), start.len());
-    assert!(trained.iter().zip(&start).any(|(a, b)| (a - b).abs() > 1e-6), "weights did not move");
+    assert!(
+        trained
+            .iter()
+            .zip(&start)
+            .any(|(a, b)| (a - b).abs() > 1e-6),
+        "weights did not move"
+    );
     // The saved weights are exactly the in-run weights: resuming from them continues the run
     // identically (tested below); here, a reload is bit-identical to itself.
     assert_eq!(trained, logits(&ckpt));
@@ -144,7 +181,14 @@ fn a_run_killed_after_a_checkpoint_resumes_into_the_same_metrics() {
 
     // Start the same run, longer so that it is still running, and kill it once its step-2
     // checkpoint exists (every step evaluates, so the step count changes nothing before step 4).
-    let mut args = vec!["run", GRAPH, "--out", killed.to_str().unwrap(), "--steps", "40"];
+    let mut args = vec![
+        "run",
+        GRAPH,
+        "--out",
+        killed.to_str().unwrap(),
+        "--steps",
+        "40",
+    ];
     args.extend_from_slice(SMALL);
     let mut child = Command::new(BIN)
         .current_dir(root())
@@ -156,7 +200,10 @@ fn a_run_killed_after_a_checkpoint_resumes_into_the_same_metrics() {
     let ckpt = killed.join("checkpoints/step_000002/run_state.json");
     let t0 = Instant::now();
     while !ckpt.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(300), "no checkpoint appeared");
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "no checkpoint appeared"
+        );
         if let Some(status) = child.try_wait().unwrap() {
             panic!("the run ended ({status}) before it could be killed");
         }
@@ -171,7 +218,10 @@ fn a_run_killed_after_a_checkpoint_resumes_into_the_same_metrics() {
     let strip = |mut v: Vec<Value>| {
         for m in &mut v {
             m.as_object_mut().unwrap().retain(|k, _| {
-                !matches!(k.as_str(), "data/filtered_overlong" | "data/truncated" | "data/skipped_mismatched")
+                !matches!(
+                    k.as_str(),
+                    "data/filtered_overlong" | "data/truncated" | "data/skipped_mismatched"
+                )
             });
         }
         v

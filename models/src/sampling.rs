@@ -291,7 +291,12 @@ mod tests {
             temperature: 0.0,
             ..SamplingConfig::default()
         };
-        assert!(bad.validate().unwrap_err().to_string().contains("temperature"));
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("temperature")
+        );
         let bad = SamplingConfig {
             top_p: 1.5,
             ..SamplingConfig::default()

@@ -63,12 +63,20 @@ impl NodeKind for EvalKind {
 
     fn params(&self) -> Vec<ParamSpec> {
         let mut p = vec![
-            ParamSpec::resource("model", "model").required().doc("the model to evaluate"),
-            ParamSpec::int("every").default(5).min(1.0).doc("evaluate every N steps (and at the last step)"),
+            ParamSpec::resource("model", "model")
+                .required()
+                .doc("the model to evaluate"),
+            ParamSpec::int("every")
+                .default(5)
+                .min(1.0)
+                .doc("evaluate every N steps (and at the last step)"),
             ParamSpec::one_of("reward", &["geo3k", "exact_match", "format"])
                 .default("geo3k")
                 .doc("rule-based reward used for scoring"),
-            ParamSpec::int("batch_size").default(64).min(1.0).doc("prompts per generation batch"),
+            ParamSpec::int("batch_size")
+                .default(64)
+                .min(1.0)
+                .doc("prompts per generation batch"),
         ];
         p.extend(
             generation_param_specs()
@@ -112,7 +120,7 @@ struct SourceStats {
 
 impl Node for EvalNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
-        if ctx.step() % self.p.every != 0 && !ctx.is_last_step() {
+        if !ctx.step().is_multiple_of(self.p.every) && !ctx.is_last_step() {
             return Ok(Outputs::new());
         }
         let prompts = inputs.get_arc::<PromptBatch>("prompts")?;
@@ -130,16 +138,21 @@ impl Node for EvalNode {
         let mut lengths = 0usize;
         let mut total = 0usize;
         for chunk in split(&prompts, self.p.batch_size) {
-            let rollouts = sample_rollouts(&self.model, &Arc::new(chunk), &params, &self.stop_ids, ctx)?;
+            let rollouts =
+                sample_rollouts(&self.model, &Arc::new(chunk), &params, &self.stop_ids, ctx)?;
             for r in 0..rollouts.len() {
-                let s = self.reward.score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
+                let s = self
+                    .reward
+                    .score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
                 let acc = s
                     .components
                     .iter()
                     .find(|(name, _)| name == "acc")
                     .map(|(_, v)| *v)
                     .unwrap_or(s.score);
-                let e = per_source.entry(rollouts.data_source[r].clone()).or_default();
+                let e = per_source
+                    .entry(rollouts.data_source[r].clone())
+                    .or_default();
                 e.score += s.score;
                 e.accuracy += acc;
                 e.count += 1;

@@ -7,31 +7,33 @@
 //! [`sequences`] (response log-probs in chunks), [`train`] (optimizer parameters and the guarded
 //! step), [`optim`] (AdamW, clipping, schedules with PyTorch/verl semantics), [`backend`].
 
-pub mod backend;
-pub mod dataset_parquet;
-pub mod eval;
-pub mod logprob;
-pub mod model_resource;
-pub mod optim;
-pub mod rollout;
-pub mod sequences;
-pub mod train;
-pub mod update_ppo;
-pub mod update_sft;
-pub mod validate;
-pub mod debug_print;
-pub mod sink_jsonl;
-pub mod exec;
-pub mod values;
 pub mod advantage_grpo;
 pub mod advantage_reinforce_pp;
 pub mod advantage_reinforce_pp_baseline;
 pub mod advantage_rloo;
 pub mod advantage_support;
+pub mod backend;
+pub mod dataset_parquet;
+pub mod debug_print;
+pub mod eval;
+pub mod exec;
+pub mod logprob;
+pub mod model_resource;
+pub mod optim;
 pub mod reward_combined;
 pub mod reward_exact_match;
 pub mod reward_format;
 pub mod reward_geo3k;
 pub mod reward_support;
+pub mod rollout;
+pub mod sequences;
+pub mod sink_jsonl;
+pub mod train;
+pub mod update_ppo;
+pub mod update_sft;
+pub mod validate;
+pub mod values;
 
-pub use values::{AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix};
+pub use values::{
+    AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix,
+};

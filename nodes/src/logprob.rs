@@ -43,7 +43,10 @@ impl NodeKind for LogProbKind {
     }
 
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS))]
+        vec![PortSpec::new(
+            "rollouts",
+            PortType::new(port_types::ROLLOUTS),
+        )]
     }
 
     fn outputs(&self) -> Vec<PortSpec> {
@@ -55,7 +58,9 @@ impl NodeKind for LogProbKind {
 
     fn params(&self) -> Vec<ParamSpec> {
         vec![
-            ParamSpec::resource("model", "model").required().doc("the model to score with"),
+            ParamSpec::resource("model", "model")
+                .required()
+                .doc("the model to score with"),
             ParamSpec::float("temperature")
                 .default(1.0)
                 .gt(0.0)
@@ -68,7 +73,9 @@ impl NodeKind for LogProbKind {
                 .default(64)
                 .min(1.0)
                 .doc("response positions per LM-head block"),
-            ParamSpec::bool("entropy").default(false).doc("also output the per-token entropy"),
+            ParamSpec::bool("entropy")
+                .default(false)
+                .doc("also output the per-token entropy"),
         ]
     }
 
@@ -125,7 +132,9 @@ pub fn token_log_probs(
         let out = seq.log_probs(&infer, temperature, chunk, &device)?;
         let lp = masked_host(out.log_probs, &seq.mask)?;
         for (k, &r) in chunk_rows.iter().enumerate() {
-            log_probs.row_mut(r).copy_from_slice(&lp[k * t..(k + 1) * t]);
+            log_probs
+                .row_mut(r)
+                .copy_from_slice(&lp[k * t..(k + 1) * t]);
         }
         if let Some(e) = entropy.as_mut() {
             let h = masked_host(out.entropy, &seq.mask)?;

@@ -93,8 +93,9 @@ impl ModelResource {
         );
         // The tokenizer is checked against config.json before any weight is read.
         let config: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(dir.join("config.json"))
-                .with_context(|| format!("model `{name}`: reading {}/config.json", dir.display()))?,
+            &std::fs::read_to_string(dir.join("config.json")).with_context(|| {
+                format!("model `{name}`: reading {}/config.json", dir.display())
+            })?,
         )
         .with_context(|| format!("model `{name}`: parsing {}/config.json", dir.display()))?;
         let model_vocab = config
@@ -123,11 +124,14 @@ impl ModelResource {
                 .with_context(|| format!("model `{name}`: loading {}", dir.display()))?,
             Some(seed) => {
                 let config = std::fs::read_to_string(dir.join("config.json"))?;
-                Model::<TrainBackend>::random(&config, &device, seed)
-                    .with_context(|| format!("model `{name}`: random init from {}", dir.display()))?
+                Model::<TrainBackend>::random(&config, &device, seed).with_context(|| {
+                    format!("model `{name}`: random init from {}", dir.display())
+                })?
             }
         };
-        Ok(Self::from_model(name, dir, trainable, tokenizer, model, device))
+        Ok(Self::from_model(
+            name, dir, trainable, tokenizer, model, device,
+        ))
     }
 
     /// Wraps an already built model (tests, random initialisation).
@@ -159,7 +163,14 @@ impl ModelResource {
         let model = s.model.clone().no_grad();
         let device = s.device;
         drop(s);
-        Self::from_model(name, &self.dir, false, self.tokenizer.clone(), model, device)
+        Self::from_model(
+            name,
+            &self.dir,
+            false,
+            self.tokenizer.clone(),
+            model,
+            device,
+        )
     }
 
     /// Exclusive access to the model and its optimizer.
@@ -186,7 +197,12 @@ impl ModelResource {
         }
         let s = self.lock();
         s.model.save(&dir.join("model"), None)?;
-        for file in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json"] {
+        for file in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "preprocessor_config.json",
+        ] {
             let src = self.dir.join(file);
             if src.is_file() {
                 std::fs::copy(&src, dir.join("model").join(file))
@@ -196,7 +212,10 @@ impl ModelResource {
         if let Some(opt) = &s.optimizer {
             opt.save(&dir.join("optimizer.safetensors"))?;
         }
-        std::fs::write(dir.join("state.json"), serde_json::to_string_pretty(&s.counters)?)?;
+        std::fs::write(
+            dir.join("state.json"),
+            serde_json::to_string_pretty(&s.counters)?,
+        )?;
         Ok(())
     }
 
@@ -310,7 +329,12 @@ impl ResourceKind for ModelKind {
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<ResourceValue> {
         let p: ModelParams = params.parse()?;
-        ensure!(p.dtype == "f32", "model `{}`: dtype `{}` is not supported on this build", ctx.node, p.dtype);
+        ensure!(
+            p.dtype == "f32",
+            "model `{}`: dtype `{}` is not supported on this build",
+            ctx.node,
+            p.dtype
+        );
         let resource = match (p.path, p.from) {
             (Some(path), None) => {
                 let seed = (p.init == "random").then(|| ctx.init_seed());
@@ -320,7 +344,10 @@ impl ResourceKind for ModelKind {
                 let source = ctx.resource::<ModelResource>(&from)?;
                 source.frozen_copy(&ctx.node)
             }
-            _ => bail!("model `{}` needs exactly one of `path` and `from`", ctx.node),
+            _ => bail!(
+                "model `{}` needs exactly one of `path` and `from`",
+                ctx.node
+            ),
         };
         Ok(Arc::new(resource))
     }

@@ -61,11 +61,22 @@ pub fn generation_param_specs() -> Vec<ParamSpec> {
             .required()
             .min(1.0)
             .doc("maximum response length in tokens (verl: response_length)"),
-        ParamSpec::float("temperature").default(1.0).gt(0.0).doc("sampling temperature"),
-        ParamSpec::float("top_p").default(1.0).gt(0.0).max(1.0).doc("nucleus mass; 1 = off"),
-        ParamSpec::int("top_k").default(-1).min(-1.0).doc("keep the k most likely tokens; -1 or 0 = off"),
-        ParamSpec::array("stop", flowrl_engine::ParamType::String)
-            .doc("extra stop tokens (each must be one token of the tokenizer), besides the model's EOS"),
+        ParamSpec::float("temperature")
+            .default(1.0)
+            .gt(0.0)
+            .doc("sampling temperature"),
+        ParamSpec::float("top_p")
+            .default(1.0)
+            .gt(0.0)
+            .max(1.0)
+            .doc("nucleus mass; 1 = off"),
+        ParamSpec::int("top_k")
+            .default(-1)
+            .min(-1.0)
+            .doc("keep the k most likely tokens; -1 or 0 = off"),
+        ParamSpec::array("stop", flowrl_engine::ParamType::String).doc(
+            "extra stop tokens (each must be one token of the tokenizer), besides the model's EOS",
+        ),
     ]
 }
 
@@ -86,7 +97,9 @@ pub fn validate_generation(ctx: &ValidateCtx) -> Vec<Diagnostic> {
                 "{prompt_desc} {prompt} + max_new_tokens {max_new} = {total} exceeds the context of {model_desc}: {context} tokens"
             )
         } else {
-            format!("max_new_tokens {max_new} exceeds the context of {model_desc}: {context} tokens")
+            format!(
+                "max_new_tokens {max_new} exceeds the context of {model_desc}: {context} tokens"
+            )
         };
         out.push(ctx.error("max_new_tokens", msg));
     }
@@ -116,9 +129,16 @@ impl NodeKind for RolloutKind {
 
     fn params(&self) -> Vec<ParamSpec> {
         let mut p = vec![
-            ParamSpec::resource("model", "model").required().doc("the policy to sample from"),
-            ParamSpec::int("n").default(1).min(1.0).doc("responses per prompt (the GRPO group size)"),
-            ParamSpec::bool("greedy").default(false).doc("argmax decoding instead of sampling"),
+            ParamSpec::resource("model", "model")
+                .required()
+                .doc("the policy to sample from"),
+            ParamSpec::int("n")
+                .default(1)
+                .min(1.0)
+                .doc("responses per prompt (the GRPO group size)"),
+            ParamSpec::bool("greedy")
+                .default(false)
+                .doc("argmax decoding instead of sampling"),
         ];
         p.extend(generation_param_specs());
         p
@@ -154,7 +174,10 @@ pub fn stop_token_ids(model: &ModelResource, stop: &[String]) -> Result<Vec<u32>
     stop.iter()
         .map(|s| {
             tok.token_to_id(s).with_context(|| {
-                format!("stop token `{s}` is not a single token of the tokenizer of model `{}`", model.name)
+                format!(
+                    "stop token `{s}` is not a single token of the tokenizer of model `{}`",
+                    model.name
+                )
             })
         })
         .collect()
@@ -216,7 +239,13 @@ pub fn sample_rollouts(
     let generation = generate(&parts, &inputs, &config, ctx.rng(), &device)?;
 
     let b = inputs.len();
-    let t = generation.tokens.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let t = generation
+        .tokens
+        .iter()
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let mut mask = TokenMatrix::zeros(b, t);
     let mut logps = TokenMatrix::zeros(b, t);
     let mut texts = Vec::with_capacity(b);
@@ -232,10 +261,22 @@ pub fn sample_rollouts(
     }
     let rollouts = RolloutBatch {
         prompts: prompts.clone(),
-        uid: prompt_index.iter().map(|&i| prompts.prompts[i].uid.clone()).collect(),
-        prompt_ids: prompt_index.iter().map(|&i| prompts.prompts[i].input_ids.clone()).collect(),
-        ground_truth: prompt_index.iter().map(|&i| prompts.prompts[i].ground_truth.clone()).collect(),
-        data_source: prompt_index.iter().map(|&i| prompts.prompts[i].data_source.clone()).collect(),
+        uid: prompt_index
+            .iter()
+            .map(|&i| prompts.prompts[i].uid.clone())
+            .collect(),
+        prompt_ids: prompt_index
+            .iter()
+            .map(|&i| prompts.prompts[i].input_ids.clone())
+            .collect(),
+        ground_truth: prompt_index
+            .iter()
+            .map(|&i| prompts.prompts[i].ground_truth.clone())
+            .collect(),
+        data_source: prompt_index
+            .iter()
+            .map(|&i| prompts.prompts[i].data_source.clone())
+            .collect(),
         prompt_index,
         truncated: generation.stopped.iter().map(|s| !s).collect(),
         response_ids: generation.tokens,
@@ -254,7 +295,10 @@ pub fn record_length_metrics(r: &RolloutBatch, max_new_tokens: usize, ctx: &mut 
         return;
     }
     let b = lens.len() as f64;
-    ctx.metric("response_length/mean", lens.iter().sum::<usize>() as f64 / b);
+    ctx.metric(
+        "response_length/mean",
+        lens.iter().sum::<usize>() as f64 / b,
+    );
     ctx.metric("response_length/max", *lens.iter().max().unwrap() as f64);
     ctx.metric("response_length/min", *lens.iter().min().unwrap() as f64);
     let clipped = lens.iter().filter(|&&l| l >= max_new_tokens).count();

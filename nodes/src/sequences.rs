@@ -94,8 +94,11 @@ impl SequenceBatch {
 
     /// `[b, T]` response mask tensor.
     pub fn mask_tensor<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2> {
-        Tensor::<B, 1>::from_data(TensorData::new(self.mask.clone(), [self.mask.len()]), device)
-            .reshape([self.tokens.batch, self.response_len])
+        Tensor::<B, 1>::from_data(
+            TensorData::new(self.mask.clone(), [self.mask.len()]),
+            device,
+        )
+        .reshape([self.tokens.batch, self.response_len])
     }
 
     /// Log-probs and entropies `[b, T]` of the response tokens (see the module doc).

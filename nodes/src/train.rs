@@ -58,7 +58,11 @@ pub fn optim_param_specs() -> Vec<flowrl_engine::ParamSpec> {
 
 impl OptimParams {
     pub fn adamw(&self) -> Result<AdamWConfig> {
-        ensure!(self.betas.len() == 2, "betas must hold two values, got {:?}", self.betas);
+        ensure!(
+            self.betas.len() == 2,
+            "betas must hold two values, got {:?}",
+            self.betas
+        );
         Ok(AdamWConfig {
             beta1: self.betas[0],
             beta2: self.betas[1],
@@ -127,7 +131,11 @@ pub fn guarded_step(
 }
 
 /// `[rows.len(), cols]` tensor of the given rows of a host matrix.
-pub fn rows_tensor<B: Backend>(m: &TokenMatrix, rows: &[usize], device: &B::Device) -> Tensor<B, 2> {
+pub fn rows_tensor<B: Backend>(
+    m: &TokenMatrix,
+    rows: &[usize],
+    device: &B::Device,
+) -> Tensor<B, 2> {
     let mut v = Vec::with_capacity(rows.len() * m.cols);
     for &r in rows {
         v.extend_from_slice(m.row(r));

@@ -102,8 +102,10 @@ impl NodeKind for PpoUpdateKind {
     }
 
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("done", PortType::new(port_types::MODEL_UPDATE))
-            .doc("the update counters; wire into `eval.after` to evaluate the updated weights")]
+        vec![
+            PortSpec::new("done", PortType::new(port_types::MODEL_UPDATE))
+                .doc("the update counters; wire into `eval.after` to evaluate the updated weights"),
+        ]
     }
 
     fn params(&self) -> Vec<ParamSpec> {
@@ -301,7 +303,9 @@ impl Node for PpoUpdateNode {
         for _epoch in 0..self.p.ppo_epochs {
             for mini in rows.chunks(mini_rows) {
                 let grads = self
-                    .mini_batch_grads(&state, &rollouts, &adv, old, reference, mini, micro_rows, &mut sums)
+                    .mini_batch_grads(
+                        &state, &rollouts, &adv, old, reference, mini, micro_rows, &mut sums,
+                    )
                     .with_context(|| format!("update `{}`", ctx.node_name()))?;
                 let outcome = guarded_step(&mut state, adamw, grads, lr, self.p.optim.grad_clip);
                 if outcome.applied {

@@ -60,18 +60,27 @@ impl NodeKind for SftUpdateKind {
     }
 
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("done", PortType::new(port_types::MODEL_UPDATE))
-            .doc("the update counters; wire into `eval.after`")]
+        vec![
+            PortSpec::new("done", PortType::new(port_types::MODEL_UPDATE))
+                .doc("the update counters; wire into `eval.after`"),
+        ]
     }
 
     fn params(&self) -> Vec<ParamSpec> {
         let mut p = vec![
-            ParamSpec::resource("model", "model").required().doc("the model to train"),
+            ParamSpec::resource("model", "model")
+                .required()
+                .doc("the model to train"),
             ParamSpec::string("response_template")
                 .default("{answer}")
                 .doc("target response; `{answer}` is replaced by the ground truth"),
-            ParamSpec::int("micro_batch_size").min(1.0).doc("responses per forward/backward; default: the batch"),
-            ParamSpec::int("chunk").default(64).min(1.0).doc("response positions per LM-head block"),
+            ParamSpec::int("micro_batch_size")
+                .min(1.0)
+                .doc("responses per forward/backward; default: the batch"),
+            ParamSpec::int("chunk")
+                .default(64)
+                .min(1.0)
+                .doc("response positions per LM-head block"),
         ];
         p.extend(optim_param_specs());
         p
@@ -84,7 +93,11 @@ impl NodeKind for SftUpdateKind {
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: SftParams = params.parse()?;
         let model = ctx.resource::<ModelResource>(&p.model)?;
-        ensure!(model.trainable, "model `{}` is a frozen copy and cannot be trained", p.model);
+        ensure!(
+            model.trainable,
+            "model `{}` is a frozen copy and cannot be trained",
+            p.model
+        );
         model.tokenizer()?;
         p.optim.adamw()?;
         let schedule = p.optim.schedule(ctx.total_steps);
@@ -99,7 +112,11 @@ struct SftNode {
 }
 
 /// The prompts with their target responses, as a rollout batch (n = 1).
-pub fn target_batch(model: &ModelResource, prompts: &Arc<PromptBatch>, template: &str) -> Result<RolloutBatch> {
+pub fn target_batch(
+    model: &ModelResource,
+    prompts: &Arc<PromptBatch>,
+    template: &str,
+) -> Result<RolloutBatch> {
     let tok = model.tokenizer()?;
     let eos = {
         let s = model.lock();
@@ -128,9 +145,21 @@ pub fn target_batch(model: &ModelResource, prompts: &Arc<PromptBatch>, template:
         prompts: prompts.clone(),
         prompt_index: (0..b).collect(),
         uid: prompts.prompts.iter().map(|p| p.uid.clone()).collect(),
-        prompt_ids: prompts.prompts.iter().map(|p| p.input_ids.clone()).collect(),
-        ground_truth: prompts.prompts.iter().map(|p| p.ground_truth.clone()).collect(),
-        data_source: prompts.prompts.iter().map(|p| p.data_source.clone()).collect(),
+        prompt_ids: prompts
+            .prompts
+            .iter()
+            .map(|p| p.input_ids.clone())
+            .collect(),
+        ground_truth: prompts
+            .prompts
+            .iter()
+            .map(|p| p.ground_truth.clone())
+            .collect(),
+        data_source: prompts
+            .prompts
+            .iter()
+            .map(|p| p.data_source.clone())
+            .collect(),
         response_ids,
         response_mask: mask,
         sampling_log_probs: TokenMatrix::zeros(b, t),
@@ -167,7 +196,12 @@ impl Node for SftNode {
             let out = seq
                 .log_probs(&state.model, 1.0, self.p.chunk, &device)
                 .with_context(|| format!("node `{}`", ctx.node_name()))?;
-            let loss = agg_loss(out.log_probs.neg(), seq.mask_tensor::<B>(&device), LossAggMode::TokenMean, &info)?;
+            let loss = agg_loss(
+                out.log_probs.neg(),
+                seq.mask_tensor::<B>(&device),
+                LossAggMode::TokenMean,
+                &info,
+            )?;
             let value = scalar(loss.clone().detach());
             total += value;
             if !value.is_finite() {
@@ -178,7 +212,13 @@ impl Node for SftNode {
             acc.accumulate::<B>(&state.model, grads);
         }
         let adamw = self.p.optim.adamw()?;
-        let outcome = guarded_step(&mut state, adamw, finite.then(|| acc.grads()), lr, self.p.optim.grad_clip);
+        let outcome = guarded_step(
+            &mut state,
+            adamw,
+            finite.then(|| acc.grads()),
+            lr,
+            self.p.optim.grad_clip,
+        );
         let done = ModelUpdate {
             optimizer_steps: state.counters.optimizer_steps,
             skipped_steps: state.counters.skipped_steps,
@@ -191,7 +231,10 @@ impl Node for SftNode {
             ctx.warn("optimizer step skipped: non-finite loss or gradient norm");
         }
         ctx.metric("actor/lr", lr);
-        ctx.metric("actor/skipped_steps", if outcome.applied { 0.0 } else { 1.0 });
+        ctx.metric(
+            "actor/skipped_steps",
+            if outcome.applied { 0.0 } else { 1.0 },
+        );
         Ok(Outputs::new().with("done", done))
     }
 }

@@ -172,7 +172,12 @@ impl RolloutBatch {
                 "rollout batch: response {i} has {} tokens, more than T = {t}",
                 ids.len()
             );
-            let ones = self.response_mask.row(i).iter().filter(|&&m| m > 0.5).count();
+            let ones = self
+                .response_mask
+                .row(i)
+                .iter()
+                .filter(|&&m| m > 0.5)
+                .count();
             anyhow::ensure!(
                 ones == ids.len(),
                 "rollout batch: response {i} has {} tokens but {ones} mask ones",

@@ -21,7 +21,10 @@ use flowrl_nodes::values::{
 };
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// geo3k score per response (test-only kind).
@@ -34,7 +37,10 @@ impl NodeKind for TestReward {
         "geo3k score"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS))]
+        vec![PortSpec::new(
+            "rollouts",
+            PortType::new(port_types::ROLLOUTS),
+        )]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         vec![PortSpec::new("scores", PortType::new(port_types::SCORES))]
@@ -81,7 +87,10 @@ impl NodeKind for TestAdvantage {
         vec![PortSpec::new("scores", PortType::new(port_types::SCORES))]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("advantages", PortType::new(port_types::ADVANTAGES))]
+        vec![PortSpec::new(
+            "advantages",
+            PortType::new(port_types::ADVANTAGES),
+        )]
     }
     fn params(&self) -> Vec<ParamSpec> {
         vec![ParamSpec::int("nan_at_step").default(-1)]
@@ -99,7 +108,14 @@ impl NodeKind for TestAdvantage {
                 for (i, len) in r.response_lengths().into_iter().enumerate() {
                     rewards[i * t + len - 1] = s.scores[i] as f64;
                 }
-                let a = compute_advantages_host(&rewards, &mask, b, t, &r.uid, AdvantageEstimator::GRPO)?;
+                let a = compute_advantages_host(
+                    &rewards,
+                    &mask,
+                    b,
+                    t,
+                    &r.uid,
+                    AdvantageEstimator::GRPO,
+                )?;
                 let mut adv: Vec<f32> = a.advantages.iter().map(|&x| x as f32).collect();
                 if ctx.step() as i64 == self.0 {
                     adv.iter_mut().for_each(|x| *x = f32::NAN);
@@ -236,7 +252,10 @@ fn weights(s: &Session) -> Vec<f32> {
     let dir = tempfile::tempdir().unwrap();
     m.lock().model.save(dir.path(), None).unwrap();
     let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 #[test]
@@ -276,7 +295,10 @@ fn rollout_groups_masks_and_log_probs_match_a_full_forward() {
         "timing_s/ref",
         "timing_s/update_actor",
     ] {
-        let v = report.metrics.get(key).unwrap_or_else(|| panic!("missing {key}"));
+        let v = report
+            .metrics
+            .get(key)
+            .unwrap_or_else(|| panic!("missing {key}"));
         assert!(v.is_finite(), "{key} = {v}");
     }
     // Before the first update the policy equals the reference and the old policy.
@@ -336,7 +358,11 @@ fn nan_in_the_loss_skips_the_step_and_counts_it() {
     let before = weights(&s);
     let r1 = s.run_step(1, &mut |_| {}).unwrap();
     assert_eq!(r1.metrics["actor/skipped_steps"], 1.0);
-    assert_eq!(weights(&s), before, "a skipped step leaves the weights alone");
+    assert_eq!(
+        weights(&s),
+        before,
+        "a skipped step leaves the weights alone"
+    );
     let m = s.resources().get::<ModelResource>("policy").unwrap();
     let c = m.lock().counters;
     assert_eq!((c.optimizer_steps, c.skipped_steps), (1, 1));
@@ -348,7 +374,12 @@ fn missing_model_directory_and_vocabulary_mismatch_are_clear_errors() {
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains("model `policy`") && err.contains("/nonexistent/model") && err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains("model `policy`")
+            && err.contains("/nonexistent/model")
+            && err.contains("does not exist"),
+        "{err}"
+    );
 
     // A tokenizer with more tokens than the model's vocabulary.
     let dir = tempfile::tempdir().unwrap();
@@ -363,22 +394,24 @@ fn missing_model_directory_and_vocabulary_mismatch_are_clear_errors() {
         config.replace("\"vocab_size\": 424", "\"vocab_size\": 300"),
     )
     .unwrap();
-    let err = ModelResource::load("policy", dir.path(), true, None).err().unwrap().to_string();
+    let err = ModelResource::load("policy", dir.path(), true, None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("422 tokens") && err.contains("300"), "{err}");
 }
 
 #[test]
 fn kl_without_reference_log_probs_is_rejected_before_the_run() {
-    let text = grpo_graph(1, "", "").replace(
-        ", ref_log_probs = \"ref.log_probs\"",
-        "",
-    );
+    let text = grpo_graph(1, "", "").replace(", ref_log_probs = \"ref.log_probs\"", "");
     let registry = Registry::builtin()
         .with_kind(TestReward)
         .with_kind(TestAdvantage)
         .with_kind(Capture(Captured::default()));
     std::env::set_current_dir(root()).unwrap();
-    let failure = compile(&registry, "graph.toml", &text, &[]).err().expect("rejected");
+    let failure = compile(&registry, "graph.toml", &text, &[])
+        .err()
+        .expect("rejected");
     let text = failure.render();
     assert!(text.contains("ref_log_probs"), "{text}");
 }

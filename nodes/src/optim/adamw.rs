@@ -80,7 +80,12 @@ impl<B: AutodiffBackend> AdamW<B> {
 
     /// Applies one update with learning rate `lr` to every parameter of `model` that has a
     /// gradient in `grads` (gradients on the inner backend, as `GradientsParams::from_grads` gives).
-    pub fn step<M: AutodiffModule<B>>(&mut self, lr: f64, model: M, mut grads: GradientsParams) -> M {
+    pub fn step<M: AutodiffModule<B>>(
+        &mut self,
+        lr: f64,
+        model: M,
+        mut grads: GradientsParams,
+    ) -> M {
         let mut mapper = StepMapper::<B> {
             config: self.config,
             lr,
@@ -131,7 +136,11 @@ impl<B: AutodiffBackend> AdamW<B> {
     }
 
     /// Replaces the state by the one [`AdamW::save`] wrote to `path`.
-    pub fn load(&mut self, path: &Path, device: &burn::tensor::Device<B::InnerBackend>) -> Result<()> {
+    pub fn load(
+        &mut self,
+        path: &Path,
+        device: &burn::tensor::Device<B::InnerBackend>,
+    ) -> Result<()> {
         let bytes = std::fs::read(path)
             .with_context(|| format!("reading optimizer state {}", path.display()))?;
         let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
@@ -150,7 +159,10 @@ impl<B: AutodiffBackend> AdamW<B> {
             let view = st
                 .tensor(name)
                 .with_context(|| format!("{} lacks tensor `{name}`", path.display()))?;
-            ensure!(view.dtype() == safetensors::Dtype::F32, "`{name}` is not F32");
+            ensure!(
+                view.dtype() == safetensors::Dtype::F32,
+                "`{name}` is not F32"
+            );
             let values: Vec<f32> = view
                 .data()
                 .chunks_exact(4)
@@ -322,7 +334,10 @@ mod tests {
             let gs: Vec<f64> = history.iter().map(|g| g[i] as f64).collect();
             let expected = torch_adamw(w0[i] as f64, &gs, lr, c);
             let got = ws[4][i] as f64;
-            assert!((got - expected).abs() < 1e-5, "param {i}: {got} vs {expected}");
+            assert!(
+                (got - expected).abs() < 1e-5,
+                "param {i}: {got} vs {expected}"
+            );
         }
         assert_eq!(opt.num_states(), 4, "two weights and two biases");
     }
@@ -330,7 +345,10 @@ mod tests {
     #[test]
     fn defaults_are_torch_not_burn() {
         let c = AdamWConfig::default();
-        assert_eq!((c.beta1, c.beta2, c.eps, c.weight_decay), (0.9, 0.999, 1e-8, 0.01));
+        assert_eq!(
+            (c.beta1, c.beta2, c.eps, c.weight_decay),
+            (0.9, 0.999, 1e-8, 0.01)
+        );
     }
 
     #[test]
@@ -350,10 +368,7 @@ mod tests {
         // A "reloaded" model: same weights, fresh ParamIds.
         let record = <Net<AB> as Module<AB>>::into_record(model.clone());
         let mut reloaded = <Net<AB> as Module<AB>>::load_record(net(), record);
-        let mut restored = AdamW::<AB>::new(AdamWConfig {
-            eps: 1.0,
-            ..c
-        });
+        let mut restored = AdamW::<AB>::new(AdamWConfig { eps: 1.0, ..c });
         restored.load(&file, &Default::default()).unwrap();
         assert_eq!(restored.config, c);
 
@@ -361,8 +376,14 @@ mod tests {
         let g2 = grads_of(&reloaded, 1.0);
         model = opt.step(0.01, model, g1);
         reloaded = restored.step(0.01, reloaded, g2);
-        assert_eq!(values(model.a.weight.val()), values(reloaded.a.weight.val()));
-        assert_eq!(values(model.b.bias.unwrap().val()), values(reloaded.b.bias.unwrap().val()));
+        assert_eq!(
+            values(model.a.weight.val()),
+            values(reloaded.a.weight.val())
+        );
+        assert_eq!(
+            values(model.b.bias.unwrap().val()),
+            values(reloaded.b.bias.unwrap().val())
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -130,7 +130,10 @@ mod tests {
 
         let max_norm = expected / 4.0;
         let returned = clip_grad_norm(&lin, &mut grads, max_norm);
-        assert!((returned - expected).abs() < 1e-4 * expected, "returns the pre-clip norm");
+        assert!(
+            (returned - expected).abs() < 1e-4 * expected,
+            "returns the pre-clip norm"
+        );
         let after = flat(&lin, &grads);
         let coef = max_norm / (expected + 1e-6);
         for (a, b) in after.iter().zip(&before) {

@@ -86,7 +86,11 @@ mod tests {
         };
         let lrs: Vec<f64> = (0..6).map(|i| s.lr(i) / 1e-6).collect();
         assert_eq!(lrs, vec![0.0, 0.25, 0.5, 0.75, 1.0, 1.0]);
-        assert_eq!(LrSchedule::constant(2.0).lr(0), 2.0, "no warm-up: full rate at once");
+        assert_eq!(
+            LrSchedule::constant(2.0).lr(0),
+            2.0,
+            "no warm-up: full rate at once"
+        );
     }
 
     #[test]
