@@ -83,3 +83,45 @@ fn a_kl_loss_without_reference_log_probs_is_rejected() {
         stderr(&out)
     );
 }
+
+fn run_default(extra: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut args = vec![
+        "run",
+        "graphs/grpo_vlm.toml",
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Command::new(BIN)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args(&args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_dataset_without_the_column_the_graph_needs_is_a_clear_error() {
+    let out = run_default(&["--set", "nodes.data.prompt_key=\"question\""]);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(
+        e.contains("datasets/shapes/train.parquet")
+            && e.contains("column `question`: missing column"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_model_directory_is_a_configuration_error() {
+    let out = run_default(&["--set", "models.policy.path=\"assets/no-such-model\""]);
+    assert_eq!(out.status.code(), Some(78));
+    let e = stderr(&out);
+    assert!(
+        e.contains("model directory `assets/no-such-model` does not exist"),
+        "{e}"
+    );
+}
