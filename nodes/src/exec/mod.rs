@@ -286,16 +286,6 @@ pub struct ExecProgram {
     probe: Mutex<Option<Process>>,
 }
 
-impl ExecProgram {
-    /// The program's handshake.
-    pub fn program_name(&self) -> &str {
-        &self.hello.name
-    }
-    pub fn program_version(&self) -> &str {
-        &self.hello.version
-    }
-}
-
 impl NodeKind for ExecProgram {
     fn name(&self) -> &str {
         KIND
