@@ -653,3 +653,32 @@ fn restarts_are_limited_and_the_run_stops_cleanly() {
         "first start + 2 restarts"
     );
 }
+
+#[test]
+fn a_restarted_program_must_declare_what_was_checked() {
+    // Declares version = number of earlier starts, and crashes on its first request.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("starts.log");
+    let body = format!(
+        "import json, os, sys\nLOG = {log:?}\n\
+         n = open(LOG).read().count('s') if os.path.exists(LOG) else 0\n\
+         open(LOG, 'a').write('s')\n\
+         print(json.dumps({{'hello': {{'protocol': 1, 'name': 't', 'version': str(n),\n\
+         \x20   'inputs': [{{'name': 'rollouts', 'type': 'Rollouts'}}],\n\
+         \x20   'outputs': [{{'name': 'scores', 'type': 'Scores'}}]}}}}), flush=True)\n\
+         for line in sys.stdin:\n\
+         \x20   os._exit(1)\n",
+        log = log.display().to_string()
+    );
+    let prog = script(dir.path(), "v.py", &body);
+    let collect = Collect::default();
+    let mut s = session(
+        &graph(&["python3", &prog], "restart = \"on-failure\""),
+        &collect,
+    );
+    let e = format!("{:#}", step(&mut s, 0).unwrap_err());
+    assert!(
+        e.contains("the program's handshake changed since the graph was checked (now `t` 1)"),
+        "{e}"
+    );
+}
