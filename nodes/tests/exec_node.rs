@@ -682,3 +682,144 @@ fn a_restarted_program_must_declare_what_was_checked() {
         "{e}"
     );
 }
+
+/// `test.any`: keeps every value wired to it, by port.
+#[derive(Clone, Default)]
+struct CollectAny(Arc<Mutex<Vec<(String, flowrl_engine::Value)>>>);
+impl NodeKind for CollectAny {
+    fn name(&self) -> &str {
+        "test.any"
+    }
+    fn doc(&self) -> &str {
+        "Collects any values for tests."
+    }
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::variadic(PortType::ANY)]
+    }
+    fn outputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+    fn params(&self) -> Vec<ParamSpec> {
+        Vec::new()
+    }
+    fn build(&self, _: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+impl Node for CollectAny {
+    fn run(&mut self, inputs: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
+        let mut v = self.0.lock().unwrap();
+        for (port, value) in inputs.iter() {
+            v.push((port.to_string(), value.clone()));
+        }
+        Ok(Outputs::new())
+    }
+}
+
+#[test]
+fn scores_in_and_per_token_values_out_are_padded_to_the_batch() {
+    // rollouts → Python reward → a second program (Scores in; Advantages and TokenLogProbs out).
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        dir.path(),
+        "adv.py",
+        r#"
+import json, sys
+print(json.dumps({"hello": {"protocol": 1, "name": "adv", "version": "0",
+    "inputs": [{"name": "scores", "type": "Scores"}],
+    "outputs": [{"name": "advantages", "type": "Advantages"}, {"name": "logp", "type": "TokenLogProbs"}],
+    "params": [{"name": "extra_token", "type": "bool", "default": False}]}}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    s = req["inputs"]["scores"]
+    lens = s["rollouts"]["response_length"]
+    assert s["size"] == len(s["scores"]) == len(lens) and set(s["components"]) == {"acc", "format"}
+    m = sum(s["scores"]) / len(s["scores"])
+    extra = 1 if req["params"]["extra_token"] else 0
+    adv = [[x - m] * (n + extra) for x, n in zip(s["scores"], lens)]
+    print(json.dumps({"outputs": {"advantages": {"advantages": adv},
+                                  "logp": {"log_probs": [[-0.5] * n for n in lens]}}}), flush=True)
+"#,
+    );
+    let text = |extra: &str| {
+        format!(
+            r#"[nodes.rollout]
+kind = "test.rollouts"
+
+[nodes.reward]
+kind = "exec"
+command = ["python3", {example:?}]
+inputs = {{ rollouts = "rollout.rollouts" }}
+
+[nodes.adv]
+kind = "exec"
+command = ["python3", {prog:?}]
+inputs = {{ scores = "reward.scores" }}
+{extra}
+
+[nodes.sink]
+kind = "test.any"
+inputs = {{ adv = "adv.advantages", lp = "adv.logp" }}
+"#,
+            example = example()
+        )
+    };
+    let sink = CollectAny::default();
+    let registry = || {
+        Registry::builtin()
+            .with_kind(FakeRollouts)
+            .with_kind(sink.clone())
+    };
+    let (g, _) = compile(&registry(), "graph.toml", &text(""), &[])
+        .unwrap_or_else(|f| panic!("{}", f.render()));
+    let mut s = Session::build(g, DeviceSpec::Cpu, None).unwrap();
+    s.run_step(0, &mut |_| {}).unwrap();
+    let got = sink.0.lock().unwrap().clone();
+    let value = |port: &str| got.iter().find(|(p, _)| p == port).unwrap().1.clone();
+    let adv = value("adv");
+    let adv = adv.downcast_ref::<flowrl_nodes::AdvantageBatch>().unwrap();
+    let scores: Vec<f64> = RESPONSES
+        .iter()
+        .map(|(r, t)| rust_score(r, t, 0.1))
+        .collect();
+    let mean = scores.iter().sum::<f64>() / scores.len() as f64;
+    let r = rollouts(1);
+    assert_eq!(adv.advantages.shape(), [RESPONSES.len(), r.response_len()]);
+    for (i, n) in r.response_lengths().into_iter().enumerate() {
+        let row = adv.advantages.row(i);
+        assert!(
+            row[..n]
+                .iter()
+                .all(|&x| (x as f64 - (scores[i] - mean)).abs() < 1e-6),
+            "{row:?}"
+        );
+        assert!(row[n..].iter().all(|&x| x == 0.0), "padding: {row:?}");
+    }
+    assert_eq!(
+        adv.returns, adv.advantages,
+        "returns default to the advantages"
+    );
+    let lp = value("lp");
+    let lp = lp.downcast_ref::<flowrl_nodes::TokenLogProbs>().unwrap();
+    assert_eq!(
+        lp.log_probs.data.iter().filter(|&&x| x == -0.5).count(),
+        r.response_lengths().iter().sum::<usize>()
+    );
+    assert!(lp.entropy.is_none());
+
+    let (g, _) = compile(
+        &registry(),
+        "graph.toml",
+        &text("params = { extra_token = true }"),
+        &[],
+    )
+    .unwrap();
+    let mut s = Session::build(g, DeviceSpec::Cpu, None).unwrap();
+    let e = format!("{:#}", s.run_step(0, &mut |_| {}).unwrap_err());
+    assert!(
+        e.contains(
+            "output `advantages` has 2 values in row 0 of advantages, but response 0 has 1 tokens"
+        ),
+        "{e}"
+    );
+}
