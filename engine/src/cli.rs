@@ -227,13 +227,21 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
         progress: a.progress,
     };
     let s = run(graph, &opts)?;
-    println!(
-        "finished steps {}..{} in {:.1}s; run directory: {}",
-        s.first_step + 1,
-        s.steps,
-        s.seconds,
-        s.run_dir.display()
-    );
+    if s.first_step >= s.steps {
+        println!(
+            "{}: all {} steps already ran (pass --steps N to run more)",
+            s.run_dir.display(),
+            s.first_step
+        );
+    } else {
+        println!(
+            "finished steps {}..{} in {:.1}s; run directory: {}",
+            s.first_step + 1,
+            s.steps,
+            s.seconds,
+            s.run_dir.display()
+        );
+    }
     if let Some(p) = s.plot {
         println!("plots: {}", p.display());
     }
