@@ -106,7 +106,7 @@ impl Node for LogProbNode {
             self.p.chunk,
             self.p.entropy,
         )?;
-        Ok(Outputs::new().with_opaque("log_probs", out))
+        Ok(Outputs::new().with("log_probs", out))
     }
 }
 

@@ -194,7 +194,7 @@ impl Node for RolloutNode {
         let prompts = inputs.get_arc::<PromptBatch>("prompts")?;
         let rollouts = sample_rollouts(&self.model, &prompts, &self.params, &self.stop_ids, ctx)?;
         record_length_metrics(&rollouts, self.params.max_new_tokens, ctx);
-        Ok(Outputs::new().with_opaque("rollouts", rollouts))
+        Ok(Outputs::new().with("rollouts", rollouts))
     }
 }
 

@@ -40,7 +40,7 @@ pub mod port_types {
 }
 
 /// A `[rows, cols]` f32 matrix stored row-major; the common shape of every per-token value.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TokenMatrix {
     /// Row-major values, `rows * cols` long.
     pub data: Vec<f32>,
@@ -188,6 +188,29 @@ impl RolloutBatch {
     }
 }
 
+/// Serialized (for `sink.jsonl`, `debug.print`) as the per-response fields; the prompt batch is
+/// summarised by its uids (its own serialization is available on the `Prompts` edge).
+impl serde::Serialize for RolloutBatch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("RolloutBatch", 10)?;
+        st.serialize_field("uid", &self.uid)?;
+        st.serialize_field("prompt_index", &self.prompt_index)?;
+        st.serialize_field("response_text", &self.response_text)?;
+        st.serialize_field("ground_truth", &self.ground_truth)?;
+        st.serialize_field("data_source", &self.data_source)?;
+        st.serialize_field("response_ids", &self.response_ids)?;
+        st.serialize_field("truncated", &self.truncated)?;
+        st.serialize_field("response_mask", &self.response_mask)?;
+        st.serialize_field("sampling_log_probs", &self.sampling_log_probs)?;
+        st.serialize_field(
+            "prompt_lengths",
+            &self.prompt_ids.iter().map(Vec::len).collect::<Vec<_>>(),
+        )?;
+        st.end()
+    }
+}
+
 /// Per-response scalar rewards, with the named components that make them up.
 ///
 /// Carries the rollouts it scores, so that an advantage estimator needs only this value
@@ -226,7 +249,7 @@ impl ScoreBatch {
 
 /// Per-token log-probs of the response tokens under some model (old policy, reference), `[B, T]`,
 /// 0.0 at padding positions. Aligned with the `RolloutBatch` they were computed for.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TokenLogProbs {
     /// `[B, T]` log π(response token t | prompt, response < t).
     pub log_probs: TokenMatrix,

@@ -273,6 +273,10 @@ fn rollout_groups_masks_and_log_probs_match_a_full_forward() {
     }
     assert_ne!(r.uid[0], r.uid[4]);
     assert!(r.response_len() <= 12);
+    // Sinks see the responses as JSON.
+    let json = serde_json::to_value(&*r).unwrap();
+    assert_eq!(json["response_text"].as_array().unwrap().len(), 16);
+    assert_eq!(json["uid"][0], serde_json::json!(r.uid[0]));
     // Sampling log-probs (KV-cache decoding, temperature 1, no truncation) equal the log-probs
     // of one full forward over prompt + response.
     let lp = lp.unwrap();
