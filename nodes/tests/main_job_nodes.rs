@@ -419,3 +419,38 @@ fn kl_without_reference_log_probs_is_rejected_before_the_run() {
     let text = failure.render();
     assert!(text.contains("ref_log_probs"), "{text}");
 }
+
+#[test]
+fn sft_from_random_weights_lowers_the_loss() {
+    let text = r#"
+[run]
+steps = 8
+seed = 7
+
+[models.policy]
+path = "assets/tiny-qwen2-vl-init"
+init = "random"
+
+[nodes.data]
+kind = "dataset.parquet"
+model = "policy"
+path = "datasets/shapes/test.parquet"
+batch_size = 8
+max_prompt_length = 128
+
+[nodes.sft]
+kind = "update.sft"
+model = "policy"
+inputs = { prompts = "data.prompts" }
+response_template = "<think> </think> \\boxed{{answer}}"
+lr = 3e-3
+micro_batch_size = 4
+"#;
+    let mut s = session(text, &Captured::default());
+    let losses: Vec<f64> = (0..8)
+        .map(|step| s.run_step(step, &mut |_| {}).unwrap().metrics["train/loss"])
+        .collect();
+    // Random init: about ln(424) ≈ 6.05 nats per token.
+    assert!((losses[0] - (424f64).ln()).abs() < 0.5, "{losses:?}");
+    assert!(losses[7] < losses[0] - 1.0, "{losses:?}");
+}
