@@ -108,6 +108,11 @@ fn the_python_reward_runs_on_real_rollouts_and_its_rewards_reach_the_metrics() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let m = metrics(&run);
     assert_eq!(m.len(), 2);
+    let log = std::fs::read_to_string(run.join("exec/reward.stderr.log")).unwrap();
+    assert_eq!(
+        log,
+        "[python_reward] step 0: scored 4 responses\n[python_reward] step 1: scored 4 responses\n"
+    );
     for line in &m {
         let mean = line["critic/score/mean"].as_f64().unwrap();
         let (lo, hi) = (

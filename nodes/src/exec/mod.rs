@@ -29,6 +29,9 @@
 //! the program is alive and would answer the same again. A step is never half-applied: outputs,
 //! metrics and warnings are taken only from a complete, fully checked answer.
 //!
+//! The program's stderr is kept: its last lines go into error messages, and with a run directory
+//! all of it (from the node's build on) is appended to `<run dir>/exec/<node>.stderr.log`.
+//!
 //! Metrics: a Scores output is logged like a built-in reward's (`critic/score/*`,
 //! `critic/rewards/*`, `critic/score/<component>/mean`, see `reward_support`); the program's own
 //! `metrics` are recorded after those, under the names it gives.
@@ -321,8 +324,16 @@ impl NodeKind for ExecProgram {
             .iter()
             .find(|s| !s.optional && wire::carries_rollouts(s.ty))
             .map(|s| s.name.clone());
+        let stderr_log = ctx
+            .run_dir
+            .as_ref()
+            .map(|d| d.join("exec").join(format!("{}.stderr.log", ctx.node)));
+        if let (Some(p), Some(path)) = (&process, &stderr_log) {
+            p.log_stderr_to(path)?;
+        }
         Ok(Box::new(ExecNode {
             node: ctx.node.clone(),
+            stderr_log,
             cmd: show(&p.command),
             p,
             params,
@@ -338,6 +349,8 @@ impl NodeKind for ExecProgram {
 /// A running exec node.
 struct ExecNode {
     node: String,
+    /// `<run dir>/exec/<node>.stderr.log`, when the run has a directory.
+    stderr_log: Option<std::path::PathBuf>,
     cmd: String,
     p: ExecParams,
     /// The `params` table sent with every request.
@@ -374,6 +387,11 @@ impl ExecNode {
                  check the graph again",
                 hello.name, hello.version
             )));
+        }
+        if let Some(path) = &self.stderr_log {
+            process
+                .log_stderr_to(path)
+                .map_err(|e| CallError::Fatal(format!("cannot write {}: {e}", path.display())))?;
         }
         self.process = Some(process);
         Ok(())

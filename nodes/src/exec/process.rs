@@ -67,6 +67,8 @@ pub struct Process {
     stdin: Option<Sender<String>>,
     lines: Receiver<String>,
     stderr: Arc<Mutex<VecDeque<String>>>,
+    /// Where every stderr line is also appended, once set (the run directory's log).
+    stderr_log: Arc<Mutex<Option<std::fs::File>>>,
     stderr_thread: Option<JoinHandle<()>>,
 }
 
@@ -107,6 +109,8 @@ impl Process {
         });
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         let tail = stderr.clone();
+        let stderr_log = Arc::new(Mutex::new(None::<std::fs::File>));
+        let log = stderr_log.clone();
         let stderr_thread = std::thread::spawn(move || {
             let mut reader = BufReader::new(stderr_pipe);
             let mut buf = Vec::new();
@@ -116,6 +120,9 @@ impl Process {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
                         let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+                        if let Some(f) = log.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                            let _ = writeln!(f, "{line}");
+                        }
                         let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
                         if t.len() == STDERR_LINES {
                             t.pop_front();
@@ -144,6 +151,7 @@ impl Process {
             stdin,
             lines,
             stderr,
+            stderr_log,
             stderr_thread: Some(stderr_thread),
         })
     }
@@ -203,6 +211,19 @@ impl Process {
                 break;
             }
         }
+    }
+
+    /// From now on, also appends every stderr line to `path` (its directory is created).
+    pub fn log_stderr_to(&self, path: &std::path::Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        *self.stderr_log.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        Ok(())
     }
 
     /// The last lines the program wrote to stderr.
