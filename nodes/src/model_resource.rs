@@ -329,6 +329,15 @@ impl ResourceKind for ModelKind {
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<ResourceValue> {
         let p: ModelParams = params.parse()?;
+        // The built-in nodes compute on `crate::backend` (Flex, CPU) only; running a model on a
+        // CUDA device needs CUDA-generic nodes (issue 9). Say so instead of silently using the CPU.
+        ensure!(
+            ctx.device == flowrl_engine::DeviceSpec::Cpu,
+            "model `{}`: device {} is not supported by the built-in nodes yet (they compute on \
+             the CPU backend); run with `--device cpu`",
+            ctx.node,
+            ctx.device
+        );
         ensure!(
             p.dtype == "f32",
             "model `{}`: dtype `{}` is not supported on this build",
