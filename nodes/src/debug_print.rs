@@ -56,25 +56,25 @@ struct PrintNode {
     max_chars: usize,
 }
 
-/// The lines printed for one step: `[step N] node.input (Type): json…`.
+/// The lines printed for one step: `[step N] node.input (Type): json…` (JSON cut after
+/// `max_chars` characters; values that cannot be serialized show their Rust type).
 pub fn render(step: u64, node: &str, inputs: &Inputs, max_chars: usize) -> Vec<String> {
     inputs
         .iter()
         .map(|(port, v)| {
-            let text = v
-                .to_json()
-                .map_or_else(|| format!("<opaque {}>", v.type_name()), |j| j.to_string());
-            let shown: String = text.chars().take(max_chars).collect();
-            let more = if text.chars().count() > max_chars {
-                "…"
-            } else {
-                ""
+            let shown = match v.to_json() {
+                None => format!("<opaque {}>", v.type_name()),
+                Some(j) => {
+                    let text = j.to_string();
+                    let head: String = text.chars().take(max_chars).collect();
+                    if text.chars().count() > max_chars {
+                        format!("{head}…")
+                    } else {
+                        head
+                    }
+                }
             };
-            format!(
-                "[step {}] {node}.{port} ({}): {shown}{more}",
-                step + 1,
-                v.ty
-            )
+            format!("[step {}] {node}.{port} ({}): {shown}", step + 1, v.ty)
         })
         .collect()
 }
