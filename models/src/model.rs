@@ -162,6 +162,40 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// Visits the parameters of the vision tower (none for a model without one), for optimizers
+    /// that freeze the tower (verl's `actor.freeze_vision_tower`, which sets
+    /// `requires_grad=False` on the module `get_vl_model_vision_tower` returns).
+    ///
+    /// Qwen2-VL / Qwen2.5-VL: the whole `visual` module — patch embedding, blocks and the patch
+    /// merger (projector into the text width) — exactly the module verl freezes, since
+    /// transformers' `Qwen2VisionTransformerPretrainedModel` owns `merger`. Gemma 4: the vision
+    /// encoder and its `embed_vision` projection, the same choice (the tower together with its
+    /// projector); verl's helper looks only for a `visual` attribute and freezes nothing there.
+    pub fn visit_vision_tower<V: burn::module::ModuleVisitor<B>>(&self, visitor: &mut V) {
+        match self {
+            Model::QwenVl(m) => m.visual.visit(visitor),
+            Model::Gemma4(m) => {
+                if let Some(v) = &m.vision {
+                    v.visit(visitor)
+                }
+            }
+        }
+    }
+
+    /// Ids of the parameters [`Model::visit_vision_tower`] visits.
+    pub fn vision_param_ids(&self) -> Vec<burn::module::ParamId> {
+        use burn::module::{ModuleVisitor, Param, ParamId};
+        struct Ids(Vec<ParamId>);
+        impl<B: Backend> ModuleVisitor<B> for Ids {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                self.0.push(param.id);
+            }
+        }
+        let mut ids = Ids(Vec::new());
+        self.visit_vision_tower(&mut ids);
+        ids.0
+    }
+
     /// The multimodal position-id capability, for families with multimodal RoPE.
     pub fn multimodal_positions(&self) -> Option<&dyn MultimodalPositions> {
         match self {

@@ -24,6 +24,9 @@ pub struct OptimParams {
     pub warmup_ratio: f64,
     pub lr_schedule: WarmupStyle,
     pub min_lr_ratio: f64,
+    /// verl's `actor.freeze_vision_tower`: the vision tower gets no update (see [`guarded_step`]).
+    #[serde(default)]
+    pub freeze_vision_tower: bool,
 }
 
 /// The parameter specs of [`OptimParams`] with verl's actor defaults.
@@ -53,6 +56,9 @@ pub fn optim_param_specs() -> Vec<flowrl_engine::ParamSpec> {
             .default("constant")
             .doc("shape after warm-up (verl warmup_style)"),
         ParamSpec::float("min_lr_ratio").default(0.0).min(0.0).max(1.0).doc("cosine floor"),
+        ParamSpec::bool("freeze_vision_tower")
+            .default(false)
+            .doc("verl actor.freeze_vision_tower: the vision tower (with its projector/merger) gets no update and stays out of the gradient norm"),
     ]
 }
 
@@ -97,12 +103,18 @@ pub struct StepOutcome {
 /// Applies one AdamW step to `state.model` with `grads` (accumulated over a mini-batch), after
 /// global-norm clipping; skips it (and counts it) when `loss_finite` is false or the gradient norm
 /// is not finite, as verl does (`if not torch.isfinite(grad_norm): skip`).
+///
+/// With `freeze_vision_tower`, the gradients of the model's vision tower
+/// ([`flowrl_models::Model::vision_param_ids`]) are dropped first, so they count neither in the
+/// global norm nor in the step, and AdamW (which visits only parameters with a gradient) leaves
+/// those weights bit-identical, weight decay included — verl's `requires_grad_(False)` on the tower.
 pub fn guarded_step(
     state: &mut ModelState,
     config: AdamWConfig,
     grads: Option<GradientsParams>,
     lr: f64,
     grad_clip: f64,
+    freeze_vision_tower: bool,
 ) -> StepOutcome {
     let Some(mut grads) = grads else {
         state.counters.skipped_steps += 1;
@@ -111,6 +123,9 @@ pub fn guarded_step(
             applied: false,
         };
     };
+    if freeze_vision_tower {
+        drop_vision_grads(&state.model, &mut grads);
+    }
     let norm = clip_grad_norm::<TrainBackend, _>(&state.model, &mut grads, grad_clip);
     if !norm.is_finite() {
         state.counters.skipped_steps += 1;
@@ -128,6 +143,21 @@ pub fn guarded_step(
         grad_norm: norm,
         applied: true,
     }
+}
+
+/// Removes the gradients of `model`'s vision tower from `grads`.
+pub fn drop_vision_grads(model: &flowrl_models::Model<TrainBackend>, grads: &mut GradientsParams) {
+    use burn::module::{ModuleVisitor, Param};
+    use burn::tensor::backend::AutodiffBackend;
+    struct Drop<'a>(&'a mut GradientsParams);
+    impl ModuleVisitor<TrainBackend> for Drop<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
+            let _ = self
+                .0
+                .remove::<<TrainBackend as AutodiffBackend>::InnerBackend, D>(param.id);
+        }
+    }
+    model.visit_vision_tower(&mut Drop(grads));
 }
 
 /// `[rows.len(), cols]` tensor of the given rows of a host matrix.

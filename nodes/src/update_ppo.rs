@@ -307,7 +307,14 @@ impl Node for PpoUpdateNode {
                         &state, &rollouts, &adv, old, reference, mini, micro_rows, &mut sums,
                     )
                     .with_context(|| format!("update `{}`", ctx.node_name()))?;
-                let outcome = guarded_step(&mut state, adamw, grads, lr, self.p.optim.grad_clip);
+                let outcome = guarded_step(
+                    &mut state,
+                    adamw,
+                    grads,
+                    lr,
+                    self.p.optim.grad_clip,
+                    self.p.optim.freeze_vision_tower,
+                );
                 if outcome.applied {
                     sums.grad_norm.push(outcome.grad_norm);
                 } else {

@@ -11,7 +11,8 @@
 //!
 //! (verl's SFT trainer, `loss_agg_mode = token-mean`), accumulated over micro-batches with the
 //! batch's token count as the normaliser, then one guarded AdamW step (global-norm clipping;
-//! non-finite → skipped and counted). Metrics: `train/loss`, `actor/grad_norm`, `actor/lr`,
+//! non-finite → skipped and counted; `freeze_vision_tower` drops the vision tower's gradients
+//! first, as verl's `actor.freeze_vision_tower`). Metrics: `train/loss`, `actor/grad_norm`, `actor/lr`,
 //! `actor/skipped_steps`. Timing key `update_actor`.
 
 use std::sync::Arc;
@@ -218,6 +219,7 @@ impl Node for SftNode {
             finite.then(|| acc.grads()),
             lr,
             self.p.optim.grad_clip,
+            self.p.optim.freeze_vision_tower,
         );
         let done = ModelUpdate {
             optimizer_steps: state.counters.optimizer_steps,
