@@ -125,3 +125,43 @@ fn a_missing_model_directory_is_a_configuration_error() {
         "{e}"
     );
 }
+
+/// verl's `use_kl_loss = False`: leaving out the `kl` table turns the KL loss off, so the
+/// reference log-probs need not be wired (on-policy runs without a reference model).
+#[test]
+fn without_a_kl_table_the_update_needs_no_reference_and_logs_no_kl_loss() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text: String = std::fs::read_to_string(root.join("graphs/grpo_vlm.toml"))
+        .unwrap()
+        .replace(", ref_log_probs = \"ref.log_probs\"", "")
+        .lines()
+        .filter(|l| !l.starts_with("kl ="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("no_kl.toml");
+    std::fs::write(&file, text).unwrap();
+    let out_dir = dir.path().join("run");
+    let out = Command::new(BIN)
+        .current_dir(root)
+        .args(["run", file.to_str().unwrap(), "--steps", "1", "--out"])
+        .arg(&out_dir)
+        .args([
+            "--set",
+            "nodes.data.batch_size=4",
+            "--set",
+            "nodes.rollout.n=2",
+        ])
+        .args([
+            "--set",
+            "nodes.update.mini_batch_size=4",
+            "--set",
+            "nodes.update.micro_batch_size=8",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let metrics = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("\"actor/pg_loss\""), "{metrics}");
+    assert!(!metrics.contains("actor/kl_loss"), "{metrics}");
+}

@@ -1048,6 +1048,7 @@ fn check_params(
             map.insert(spec.name.clone(), d.clone());
         } else if let ParamType::Table(fields) = &spec.ty
             && !spec.required
+            && !spec.switch
             && fields.iter().any(|f| f.default.is_some())
         {
             // An absent table whose fields have defaults gets those defaults.

@@ -71,6 +71,9 @@ pub struct ParamSpec {
     pub min: Option<Bound>,
     pub max: Option<Bound>,
     pub doc: String,
+    /// For a table: when absent it stays absent instead of being filled from its fields'
+    /// defaults (a feature that writing the table switches on, such as `kl = { ... }`).
+    pub switch: bool,
 }
 
 impl ParamSpec {
@@ -83,6 +86,7 @@ impl ParamSpec {
             min: None,
             max: None,
             doc: String::new(),
+            switch: false,
         }
     }
     pub fn int(name: impl Into<String>) -> Self {
@@ -126,6 +130,12 @@ impl ParamSpec {
     }
     pub fn required(mut self) -> Self {
         self.required = true;
+        self
+    }
+    /// A table that switches a feature on when written: absent, it stays absent (its fields'
+    /// defaults apply only once the table is there).
+    pub fn switch(mut self) -> Self {
+        self.switch = true;
         self
     }
     /// Inclusive lower bound.
