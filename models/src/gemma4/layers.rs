@@ -1,12 +1,13 @@
 //! Gemma 4's own building blocks on top of the shared layers ([`crate::layers`]): the vision
-//! tower's clipped linear and the GELU-tanh gated MLP (GeGLU) used by both towers.
+//! tower's clipped linear, the GELU-tanh gated MLP (GeGLU) used by both towers, and the
+//! load/export of the four norms every text and vision block carries.
 //!
 //! Formulas follow transformers `models/gemma4/modeling_gemma4.py` (5.24).
 
 use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
 
-use crate::layers::Linear;
+use crate::layers::{Linear, RmsNorm};
 use crate::weights::{Init, WeightSource, WeightVisitor};
 
 /// A bias-free linear map, plain (text) or clipped (vision).
@@ -93,4 +94,34 @@ pub fn geglu<B: Backend, M: LinearMap<B>>(
 ) -> Tensor<B, 3> {
     let g = gelu_approximate(gate.apply(x.clone()));
     down.apply(g * up.apply(x))
+}
+
+/// Hugging Face names of the four norms around each Gemma 4 block's attention and MLP, shared
+/// by the text decoder layers and the vision encoder layers, in load/export order.
+pub const BLOCK_NORMS: [&str; 4] = [
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+];
+
+/// Loads a block's four norms `{prefix}.{name}.weight` (`[dim]`) in [`BLOCK_NORMS`] order.
+pub fn load_block_norms<B: Backend>(
+    src: &mut dyn WeightSource<B>,
+    prefix: &str,
+    dim: usize,
+    eps: f64,
+) -> [RmsNorm<B>; 4] {
+    BLOCK_NORMS.map(|name| RmsNorm::load(src, &format!("{prefix}.{name}"), dim, eps))
+}
+
+/// Exports a block's four norms under `{prefix}.{name}` in [`BLOCK_NORMS`] order.
+pub fn export_block_norms<B: Backend, V: WeightVisitor<B>>(
+    sink: &mut V,
+    prefix: &str,
+    norms: [&RmsNorm<B>; 4],
+) {
+    for (name, norm) in BLOCK_NORMS.iter().zip(norms) {
+        norm.export(sink, &format!("{prefix}.{name}"));
+    }
 }

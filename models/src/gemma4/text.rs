@@ -12,7 +12,7 @@ use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
 
 use super::config::{Gemma4Config, KvSource, LayerKind, LayerSpec};
-use super::layers::geglu;
+use super::layers::{export_block_norms, geglu, load_block_norms};
 use crate::capabilities::KvCache;
 use crate::layers::{
     Linear, RmsNorm, apply_rotary, attention, causal_padding_window_bias, inv_freq, repeat_kv,
@@ -141,9 +141,6 @@ impl<B: Backend> TextModel<B> {
             let ap = format!("{lp}.self_attn");
             let (d, kv) = (spec.head_dim, spec.num_kv_heads);
             let own = spec.kv == KvSource::Own;
-            let norm = |src: &mut dyn WeightSource<B>, name: &str, dim: usize| {
-                RmsNorm::load(src, &format!("{lp}.{name}"), dim, eps)
-            };
             let self_attn = TextAttention {
                 q_proj: Linear::load(src, &format!("{ap}.q_proj"), h, heads * d, false),
                 k_proj: own.then(|| Linear::load(src, &format!("{ap}.k_proj"), h, kv * d, false)),
@@ -152,11 +149,17 @@ impl<B: Backend> TextModel<B> {
                 q_norm: RmsNorm::load(src, &format!("{ap}.q_norm"), d, eps),
                 k_norm: own.then(|| RmsNorm::load(src, &format!("{ap}.k_norm"), d, eps)),
             };
+            let [
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
+            ] = load_block_norms(src, &lp, h, eps);
             layers.push(DecoderLayer {
-                input_layernorm: norm(src, "input_layernorm", h),
-                post_attention_layernorm: norm(src, "post_attention_layernorm", h),
-                pre_feedforward_layernorm: norm(src, "pre_feedforward_layernorm", h),
-                post_feedforward_layernorm: norm(src, "post_feedforward_layernorm", h),
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
                 self_attn,
                 mlp: TextMlp::load(src, &format!("{lp}.mlp"), h, spec.intermediate_size),
                 per_layer_input_gate: Linear::load(
@@ -173,7 +176,12 @@ impl<B: Backend> TextModel<B> {
                     h,
                     false,
                 ),
-                post_per_layer_input_norm: norm(src, "post_per_layer_input_norm", h),
+                post_per_layer_input_norm: RmsNorm::load(
+                    src,
+                    &format!("{lp}.post_per_layer_input_norm"),
+                    h,
+                    eps,
+                ),
                 layer_scalar: src.take_data(&format!("{lp}.layer_scalar"), &[1], Init::Ones)[0],
             });
         }
@@ -239,14 +247,16 @@ impl<B: Backend> TextModel<B> {
         self.norm.export(sink, &format!("{PREFIX}.norm"));
         for (i, l) in self.layers.iter().enumerate() {
             let lp = format!("{PREFIX}.layers.{i}");
-            l.input_layernorm
-                .export(sink, &format!("{lp}.input_layernorm"));
-            l.post_attention_layernorm
-                .export(sink, &format!("{lp}.post_attention_layernorm"));
-            l.pre_feedforward_layernorm
-                .export(sink, &format!("{lp}.pre_feedforward_layernorm"));
-            l.post_feedforward_layernorm
-                .export(sink, &format!("{lp}.post_feedforward_layernorm"));
+            export_block_norms(
+                sink,
+                &lp,
+                [
+                    &l.input_layernorm,
+                    &l.post_attention_layernorm,
+                    &l.pre_feedforward_layernorm,
+                    &l.post_feedforward_layernorm,
+                ],
+            );
             let a = &l.self_attn;
             let ap = format!("{lp}.self_attn");
             a.q_proj.export(sink, &format!("{ap}.q_proj"));

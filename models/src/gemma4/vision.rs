@@ -12,7 +12,7 @@ use burn::module::Param;
 use burn::prelude::*;
 
 use super::config::VisionConfig;
-use super::layers::{ClippedLinear, LinearMap, geglu};
+use super::layers::{ClippedLinear, LinearMap, export_block_norms, geglu, load_block_norms};
 use crate::capabilities::ProcessedImage;
 use crate::layers::{
     Linear, MASKED, RmsNorm, apply_rotary, attention, inv_freq, repeat_kv, rms_normalize,
@@ -104,17 +104,20 @@ impl<B: Backend> VisionTower<B> {
             let lp = format!("{TOWER}.encoder.layers.{i}");
             let ap = format!("{lp}.self_attn");
             let mp = format!("{lp}.mlp");
-            let norm = |src: &mut dyn WeightSource<B>, name: &str, dim: usize| {
-                RmsNorm::load(src, &format!("{lp}.{name}"), dim, eps)
-            };
             let clipped = |src: &mut dyn WeightSource<B>, name: &str, i: usize, o: usize| {
                 ClippedLinear::load(src, name, i, o)
             };
+            let [
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
+            ] = load_block_norms(src, &lp, hv, eps);
             layers.push(VisionLayer {
-                input_layernorm: norm(src, "input_layernorm", hv),
-                post_attention_layernorm: norm(src, "post_attention_layernorm", hv),
-                pre_feedforward_layernorm: norm(src, "pre_feedforward_layernorm", hv),
-                post_feedforward_layernorm: norm(src, "post_feedforward_layernorm", hv),
+                input_layernorm,
+                post_attention_layernorm,
+                pre_feedforward_layernorm,
+                post_feedforward_layernorm,
                 self_attn: VisionAttention {
                     q_proj: clipped(src, &format!("{ap}.q_proj"), hv, heads * dv),
                     k_proj: clipped(src, &format!("{ap}.k_proj"), hv, kv_heads * dv),
@@ -175,14 +178,16 @@ impl<B: Backend> VisionTower<B> {
         );
         for (i, l) in self.layers.iter().enumerate() {
             let lp = format!("{TOWER}.encoder.layers.{i}");
-            l.input_layernorm
-                .export(sink, &format!("{lp}.input_layernorm"));
-            l.post_attention_layernorm
-                .export(sink, &format!("{lp}.post_attention_layernorm"));
-            l.pre_feedforward_layernorm
-                .export(sink, &format!("{lp}.pre_feedforward_layernorm"));
-            l.post_feedforward_layernorm
-                .export(sink, &format!("{lp}.post_feedforward_layernorm"));
+            export_block_norms(
+                sink,
+                &lp,
+                [
+                    &l.input_layernorm,
+                    &l.post_attention_layernorm,
+                    &l.pre_feedforward_layernorm,
+                    &l.post_feedforward_layernorm,
+                ],
+            );
             let a = &l.self_attn;
             let ap = format!("{lp}.self_attn");
             a.q_proj.export(sink, &format!("{ap}.q_proj"));
