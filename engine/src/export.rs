@@ -223,6 +223,15 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// The parameters table cell of a node or resource: one `<code>name = value</code>` per line.
+fn params_cell(params: &serde_json::Map<String, serde_json::Value>) -> String {
+    params
+        .iter()
+        .map(|(k, v)| format!("<code>{}</code>", esc(&format!("{k} = {v}"))))
+        .collect::<Vec<_>>()
+        .join("<br>")
+}
+
 /// Layer of each node: the longest path from a node without inputs.
 fn layers(graph: &Graph) -> Vec<usize> {
     let mut layer = vec![0usize; graph.nodes.len()];
@@ -400,12 +409,6 @@ pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
             .iter()
             .map(|o| esc(&format!("{} ({})", o.name, o.ty)))
             .collect();
-        let params: Vec<String> = n
-            .params
-            .as_map()
-            .iter()
-            .map(|(k, v)| format!("<code>{}</code>", esc(&format!("{k} = {v}"))))
-            .collect();
         let _ = writeln!(
             html,
             "<tr><td><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -414,25 +417,19 @@ pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
             esc(&devices[i].to_string()),
             inputs.join("<br>"),
             outputs.join("<br>"),
-            params.join("<br>")
+            params_cell(n.params.as_map())
         );
     }
     html.push_str("</table>\n");
     if !graph.resources.is_empty() {
         html.push_str("<h2>Resources</h2>\n<table>\n<tr><th>resource</th><th>kind</th><th>parameters</th></tr>\n");
         for r in &graph.resources {
-            let params: Vec<String> = r
-                .params
-                .as_map()
-                .iter()
-                .map(|(k, v)| format!("<code>{}</code>", esc(&format!("{k} = {v}"))))
-                .collect();
             let _ = writeln!(
                 html,
                 "<tr><td><b>{}</b></td><td>{}</td><td>{}</td></tr>",
                 esc(&r.name),
                 esc(r.kind.name()),
-                params.join("<br>")
+                params_cell(r.params.as_map())
             );
         }
         html.push_str("</table>\n");
