@@ -2,48 +2,24 @@
 //! when there is no box) equals the stripped ground truth exactly, else 0
 //! (`flowrl_algorithms::rewards::exact_match_reward`; no normalisation).
 
-use anyhow::Result;
 use flowrl_algorithms::rewards::BuiltinReward;
-use flowrl_engine::{BuildContext, Node, NodeKind, ParamSpec, Params, PortSpec};
 
-use crate::reward_support::{RewardNode, reward_inputs, reward_outputs};
+use crate::reward_support::builtin_reward_kind;
 
-/// The `reward.exact_match` kind.
-pub struct ExactMatchRewardKind;
-
-impl NodeKind for ExactMatchRewardKind {
-    fn name(&self) -> &str {
-        "reward.exact_match"
-    }
-    fn doc(&self) -> &str {
-        "Exact match: 1 when the last \\boxed{} content (or the whole response if unboxed) equals \
-         the ground truth after stripping whitespace, else 0."
-    }
-    fn inputs(&self) -> Vec<PortSpec> {
-        reward_inputs()
-    }
-    fn outputs(&self) -> Vec<PortSpec> {
-        reward_outputs()
-    }
-    fn params(&self) -> Vec<ParamSpec> {
-        Vec::new()
-    }
-    fn timing_key(&self) -> Option<&str> {
-        Some("reward")
-    }
-    fn build(&self, _params: &Params, _ctx: &BuildContext) -> Result<Box<dyn Node>> {
-        Ok(Box::new(RewardNode {
-            reward: Box::new(BuiltinReward::ExactMatch),
-        }))
-    }
-}
-
-flowrl_engine::register_node_kind!(ExactMatchRewardKind);
+builtin_reward_kind!(
+    /// The `reward.exact_match` kind.
+    ExactMatchRewardKind,
+    "reward.exact_match",
+    "Exact match: 1 when the last \\boxed{} content (or the whole response if unboxed) equals \
+     the ground truth after stripping whitespace, else 0.",
+    BuiltinReward::ExactMatch
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::reward_support::test_support::*;
+    use flowrl_engine::NodeKind;
 
     #[test]
     fn exact_match_scores() {

@@ -100,6 +100,51 @@ impl Node for RewardNode {
     }
 }
 
+/// Declares a parameterless `reward.*` kind backed by one [`BuiltinReward`] variant, so each
+/// kind file states only its name, doc and reward:
+/// `builtin_reward_kind!(FormatRewardKind, "reward.format", "doc…", BuiltinReward::Format);`.
+///
+/// [`BuiltinReward`]: flowrl_algorithms::rewards::BuiltinReward
+macro_rules! builtin_reward_kind {
+    ($(#[$meta:meta])* $kind:ident, $name:literal, $doc:expr, $reward:expr) => {
+        $(#[$meta])*
+        pub struct $kind;
+
+        impl flowrl_engine::NodeKind for $kind {
+            fn name(&self) -> &str {
+                $name
+            }
+            fn doc(&self) -> &str {
+                $doc
+            }
+            fn inputs(&self) -> Vec<flowrl_engine::PortSpec> {
+                $crate::reward_support::reward_inputs()
+            }
+            fn outputs(&self) -> Vec<flowrl_engine::PortSpec> {
+                $crate::reward_support::reward_outputs()
+            }
+            fn params(&self) -> Vec<flowrl_engine::ParamSpec> {
+                Vec::new()
+            }
+            fn timing_key(&self) -> Option<&str> {
+                Some("reward")
+            }
+            fn build(
+                &self,
+                _params: &flowrl_engine::Params,
+                _ctx: &flowrl_engine::BuildContext,
+            ) -> anyhow::Result<Box<dyn flowrl_engine::Node>> {
+                Ok(Box::new($crate::reward_support::RewardNode {
+                    reward: Box::new($reward),
+                }))
+            }
+        }
+
+        flowrl_engine::register_node_kind!($kind);
+    };
+}
+pub(crate) use builtin_reward_kind;
+
 #[cfg(test)]
 pub(crate) mod test_support {
     //! A small rollout batch for the reward and advantage kinds' tests.
