@@ -18,7 +18,7 @@ use image::RgbImage;
 use serde::Deserialize;
 
 use crate::capabilities::{ImageProcessor, ProcessedImage};
-use crate::image::{expand_image_placeholders, resize_bicubic};
+use crate::image::{PixelScale, expand_image_placeholders, resize_bicubic};
 
 /// The placeholder string Gemma 4's chat template emits once per image.
 pub const IMAGE_TOKEN: &str = "<|image|>";
@@ -237,6 +237,13 @@ impl Gemma4ImageProcessor {
         );
         let row_len = 3 * p * p;
         let raw = resized.as_raw();
+        let scale = PixelScale::new(
+            c.do_rescale,
+            c.rescale_factor,
+            c.do_normalize,
+            c.image_mean,
+            c.image_std,
+        );
         let mut pixel_values = vec![0f32; max_patches * row_len];
         let mut patch_positions = vec![[-1i64, -1]; max_patches];
         for py in 0..gh {
@@ -250,16 +257,7 @@ impl Gemma4ImageProcessor {
                         .iter_mut()
                         .zip(raw[src..src + p * 3].iter().enumerate())
                     {
-                        let ch = i % 3;
-                        let mut v = if c.do_rescale {
-                            (f64::from(u) * c.rescale_factor) as f32
-                        } else {
-                            f32::from(u)
-                        };
-                        if c.do_normalize {
-                            v = (v - c.image_mean[ch]) / c.image_std[ch];
-                        }
-                        *o = v;
+                        *o = scale.apply(u, i % 3);
                     }
                 }
             }

@@ -82,6 +82,45 @@ pub fn composite_on_white(rgba: &RgbaImage) -> RgbImage {
     out
 }
 
+/// The per-value rescale/normalise step every Hugging Face image processor here shares
+/// (transformers `BaseImageProcessor.rescale` then `.normalize`): `v = f32(f64(u)·factor)` when
+/// rescaling (else `f32(u)`), then `(v − mean_c) / std_c` in f32 when normalising.
+#[derive(Debug, Clone, Copy)]
+pub struct PixelScale {
+    rescale: Option<f64>,
+    normalize: Option<([f32; 3], [f32; 3])>,
+}
+
+impl PixelScale {
+    /// From a preprocessor config's `do_rescale`, `rescale_factor`, `do_normalize`,
+    /// `image_mean` and `image_std`.
+    pub fn new(
+        do_rescale: bool,
+        rescale_factor: f64,
+        do_normalize: bool,
+        mean: [f32; 3],
+        std: [f32; 3],
+    ) -> Self {
+        Self {
+            rescale: do_rescale.then_some(rescale_factor),
+            normalize: do_normalize.then_some((mean, std)),
+        }
+    }
+
+    /// Channel `ch` value `u` rescaled, then normalised.
+    #[inline]
+    pub fn apply(&self, u: u8, ch: usize) -> f32 {
+        let v = match self.rescale {
+            Some(f) => (f64::from(u) * f) as f32,
+            None => f32::from(u),
+        };
+        match &self.normalize {
+            Some((mean, std)) => (v - mean[ch]) / std[ch],
+            None => v,
+        }
+    }
+}
+
 /// Python's `round()` on a float: to the nearest integer, ties to the even one
 /// (`round(2.5) == 2`, `round(3.5) == 4`), as Hugging Face's `smart_resize` relies on.
 pub fn round_half_even(x: f64) -> f64 {

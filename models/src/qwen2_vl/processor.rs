@@ -15,7 +15,7 @@ use image::RgbImage;
 use serde::Deserialize;
 
 use crate::capabilities::{ImageProcessor, ProcessedImage};
-use crate::image::{expand_image_placeholders, resize_bicubic, round_half_even};
+use crate::image::{PixelScale, expand_image_placeholders, resize_bicubic, round_half_even};
 
 /// The placeholder string Qwen's chat template emits once per image.
 pub const IMAGE_PAD_TOKEN: &str = "<|image_pad|>";
@@ -221,17 +221,13 @@ impl Qwen2VlImageProcessor {
             p * m
         );
         let (gh, gw) = (height / p, width / p);
-        let value = |u: u8, ch: usize| -> f32 {
-            let mut v = if c.do_rescale {
-                (f64::from(u) * c.rescale_factor) as f32
-            } else {
-                f32::from(u)
-            };
-            if c.do_normalize {
-                v = (v - c.image_mean[ch]) / c.image_std[ch];
-            }
-            v
-        };
+        let scale = PixelScale::new(
+            c.do_rescale,
+            c.rescale_factor,
+            c.do_normalize,
+            c.image_mean,
+            c.image_std,
+        );
         let raw = resized.as_raw();
         let row_len = 3 * tp * p * p;
         let mut pixel_values = Vec::with_capacity(gh * gw * row_len);
@@ -246,7 +242,7 @@ impl Qwen2VlImageProcessor {
                                     let row = (py * p + y) * width;
                                     for x in 0..p {
                                         let u = raw[(row + px * p + x) * 3 + ch];
-                                        pixel_values.push(value(u, ch));
+                                        pixel_values.push(scale.apply(u, ch));
                                     }
                                 }
                             }
