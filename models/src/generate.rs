@@ -129,7 +129,8 @@ pub fn generate<B: Backend, R: Rng + ?Sized>(
     };
 
     // Prefill.
-    let mut embeds = lm.embed_tokens(padded.ids_tensor::<B>(device));
+    let prompt_ids = padded.ids_tensor::<B>(device);
+    let mut embeds = lm.embed_tokens(prompt_ids.clone());
     match model.vision {
         Some(vision) => {
             let image_embeds = vision.embed_images(&images, device)?;
@@ -148,7 +149,7 @@ pub fn generate<B: Backend, R: Rng + ?Sized>(
     }
     let mut cache: KvCache<B> = lm.new_cache();
     let hidden = lm.forward_hidden(
-        padded.ids_tensor::<B>(device),
+        prompt_ids,
         embeds,
         positions.tensor::<B>(device),
         padded.mask_tensor::<B>(device),
