@@ -197,6 +197,27 @@ fn resolve_device(graph: &Graph) -> Result<DeviceSpec, String> {
     graph.run.device.parse::<DeviceRequest>()?.resolve()
 }
 
+/// [`load`], then resolves the run device; an unusable device is printed and returns the config
+/// exit code.
+fn load_on_device(
+    registry: &Registry,
+    path: &Path,
+    input: &GraphInput,
+    extra: Vec<Override>,
+) -> anyhow::Result<Result<(Graph, DeviceSpec), ExitCode>> {
+    let graph = match load(registry, path, input, extra)? {
+        Ok(g) => g,
+        Err(code) => return Ok(Err(code)),
+    };
+    match resolve_device(&graph) {
+        Ok(d) => Ok(Ok((graph, d))),
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            Ok(Err(ExitCode::from(EXIT_CONFIG)))
+        }
+    }
+}
+
 fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
     let extra: Vec<Override> = a
         .steps
@@ -211,14 +232,10 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
             false,
         ),
     };
-    let graph = match load(registry, &graph_file, &a.input, extra)? {
-        Ok(g) => g,
+    let graph = match load_on_device(registry, &graph_file, &a.input, extra)? {
+        Ok((g, _)) => g,
         Err(code) => return Ok(code),
     };
-    if let Err(msg) = resolve_device(&graph) {
-        eprintln!("error: {msg}");
-        return Ok(ExitCode::from(EXIT_CONFIG));
-    }
     let opts = RunOptions {
         graph_file: Some(graph_file),
         out,
@@ -249,14 +266,10 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
 }
 
 fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
-    let graph = match load(registry, &a.graph, &a.input, Vec::new())? {
-        Ok(g) => g,
+    let graph = match load_on_device(registry, &a.graph, &a.input, Vec::new())? {
+        Ok((g, _)) => g,
         Err(code) => return Ok(code),
     };
-    if let Err(msg) = resolve_device(&graph) {
-        eprintln!("error: {msg}");
-        return Ok(ExitCode::from(EXIT_CONFIG));
-    }
     let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     println!(
         "{}: ok ({}, {}, {}; order: {})",
@@ -278,16 +291,9 @@ fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCod
 }
 
 fn cmd_graph(a: &GraphArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
-    let graph = match load(registry, &a.graph, &a.input, Vec::new())? {
-        Ok(g) => g,
+    let (graph, run_device) = match load_on_device(registry, &a.graph, &a.input, Vec::new())? {
+        Ok(x) => x,
         Err(code) => return Ok(code),
-    };
-    let run_device = match resolve_device(&graph) {
-        Ok(d) => d,
-        Err(msg) => {
-            eprintln!("error: {msg}");
-            return Ok(ExitCode::from(EXIT_CONFIG));
-        }
     };
     let devices: Vec<DeviceSpec> = graph
         .nodes
