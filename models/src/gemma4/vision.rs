@@ -104,9 +104,6 @@ impl<B: Backend> VisionTower<B> {
             let lp = format!("{TOWER}.encoder.layers.{i}");
             let ap = format!("{lp}.self_attn");
             let mp = format!("{lp}.mlp");
-            let clipped = |src: &mut dyn WeightSource<B>, name: &str, i: usize, o: usize| {
-                ClippedLinear::load(src, name, i, o)
-            };
             let [
                 input_layernorm,
                 post_attention_layernorm,
@@ -119,17 +116,17 @@ impl<B: Backend> VisionTower<B> {
                 pre_feedforward_layernorm,
                 post_feedforward_layernorm,
                 self_attn: VisionAttention {
-                    q_proj: clipped(src, &format!("{ap}.q_proj"), hv, heads * dv),
-                    k_proj: clipped(src, &format!("{ap}.k_proj"), hv, kv_heads * dv),
-                    v_proj: clipped(src, &format!("{ap}.v_proj"), hv, kv_heads * dv),
-                    o_proj: clipped(src, &format!("{ap}.o_proj"), heads * dv, hv),
+                    q_proj: ClippedLinear::load(src, &format!("{ap}.q_proj"), hv, heads * dv),
+                    k_proj: ClippedLinear::load(src, &format!("{ap}.k_proj"), hv, kv_heads * dv),
+                    v_proj: ClippedLinear::load(src, &format!("{ap}.v_proj"), hv, kv_heads * dv),
+                    o_proj: ClippedLinear::load(src, &format!("{ap}.o_proj"), heads * dv, hv),
                     q_norm: RmsNorm::load(src, &format!("{ap}.q_norm"), dv, eps),
                     k_norm: RmsNorm::load(src, &format!("{ap}.k_norm"), dv, eps),
                 },
                 mlp: VisionMlp {
-                    gate_proj: clipped(src, &format!("{mp}.gate_proj"), hv, iv),
-                    up_proj: clipped(src, &format!("{mp}.up_proj"), hv, iv),
-                    down_proj: clipped(src, &format!("{mp}.down_proj"), iv, hv),
+                    gate_proj: ClippedLinear::load(src, &format!("{mp}.gate_proj"), hv, iv),
+                    up_proj: ClippedLinear::load(src, &format!("{mp}.up_proj"), hv, iv),
+                    down_proj: ClippedLinear::load(src, &format!("{mp}.down_proj"), iv, hv),
                 },
             });
         }
