@@ -259,31 +259,15 @@ pub fn sample_rollouts(
                 .map_err(|e| anyhow::anyhow!("decoding response {r}: {e}"))?,
         );
     }
-    let rollouts = RolloutBatch {
-        prompts: prompts.clone(),
-        uid: prompt_index
-            .iter()
-            .map(|&i| prompts.prompts[i].uid.clone())
-            .collect(),
-        prompt_ids: prompt_index
-            .iter()
-            .map(|&i| prompts.prompts[i].input_ids.clone())
-            .collect(),
-        ground_truth: prompt_index
-            .iter()
-            .map(|&i| prompts.prompts[i].ground_truth.clone())
-            .collect(),
-        data_source: prompt_index
-            .iter()
-            .map(|&i| prompts.prompts[i].data_source.clone())
-            .collect(),
+    let rollouts = RolloutBatch::for_prompts(
+        prompts.clone(),
         prompt_index,
-        truncated: generation.stopped.iter().map(|s| !s).collect(),
-        response_ids: generation.tokens,
-        response_mask: mask,
-        sampling_log_probs: logps,
-        response_text: texts,
-    };
+        generation.tokens,
+        mask,
+        logps,
+        texts,
+        generation.stopped.iter().map(|s| !s).collect(),
+    );
     rollouts.check()?;
     Ok(rollouts)
 }

@@ -142,31 +142,15 @@ pub fn target_batch(
     for (r, ids) in response_ids.iter().enumerate() {
         mask.row_mut(r)[..ids.len()].fill(1.0);
     }
-    let batch = RolloutBatch {
-        prompts: prompts.clone(),
-        prompt_index: (0..b).collect(),
-        uid: prompts.prompts.iter().map(|p| p.uid.clone()).collect(),
-        prompt_ids: prompts
-            .prompts
-            .iter()
-            .map(|p| p.input_ids.clone())
-            .collect(),
-        ground_truth: prompts
-            .prompts
-            .iter()
-            .map(|p| p.ground_truth.clone())
-            .collect(),
-        data_source: prompts
-            .prompts
-            .iter()
-            .map(|p| p.data_source.clone())
-            .collect(),
+    let batch = RolloutBatch::for_prompts(
+        prompts.clone(),
+        (0..b).collect(),
         response_ids,
-        response_mask: mask,
-        sampling_log_probs: TokenMatrix::zeros(b, t),
-        response_text: texts,
-        truncated: vec![false; b],
-    };
+        mask,
+        TokenMatrix::zeros(b, t),
+        texts,
+        vec![false; b],
+    );
     batch.check()?;
     Ok(batch)
 }

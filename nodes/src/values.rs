@@ -122,6 +122,46 @@ pub struct RolloutBatch {
 }
 
 impl RolloutBatch {
+    /// A batch answering `prompts`, response `r` answering prompt `prompt_index[r]`: the
+    /// per-response prompt columns (`uid`, `prompt_ids`, `ground_truth`, `data_source`) are
+    /// gathered from `prompts` through `prompt_index`. Call [`RolloutBatch::check`] on the result.
+    pub fn for_prompts(
+        prompts: Arc<PromptBatch>,
+        prompt_index: Vec<usize>,
+        response_ids: Vec<Vec<u32>>,
+        response_mask: TokenMatrix,
+        sampling_log_probs: TokenMatrix,
+        response_text: Vec<String>,
+        truncated: Vec<bool>,
+    ) -> Self {
+        let gather = |f: fn(&flowrl_datasets::Prompt) -> String| -> Vec<String> {
+            prompt_index
+                .iter()
+                .map(|&i| f(&prompts.prompts[i]))
+                .collect()
+        };
+        let uid = gather(|p| p.uid.clone());
+        let ground_truth = gather(|p| p.ground_truth.clone());
+        let data_source = gather(|p| p.data_source.clone());
+        let prompt_ids = prompt_index
+            .iter()
+            .map(|&i| prompts.prompts[i].input_ids.clone())
+            .collect();
+        Self {
+            prompts,
+            prompt_index,
+            uid,
+            prompt_ids,
+            response_ids,
+            response_mask,
+            sampling_log_probs,
+            ground_truth,
+            data_source,
+            response_text,
+            truncated,
+        }
+    }
+
     /// Number of responses `B`.
     pub fn len(&self) -> usize {
         self.uid.len()
