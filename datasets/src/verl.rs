@@ -712,11 +712,3 @@ fn read_referenced(parquet: &Path, p: &str) -> Result<Vec<u8>, String> {
         )
     })
 }
-
-/// Reads several files (one split) and concatenates their rows in file order.
-pub fn read_verl_files(
-    paths: &[PathBuf],
-    options: &ReadOptions,
-) -> Result<Vec<VerlFile>, DataError> {
-    paths.iter().map(|p| read_verl_file(p, options)).collect()
-}
