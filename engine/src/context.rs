@@ -37,7 +37,10 @@ pub fn derive_seed(run_seed: u64, step: u64, tag: &str) -> u64 {
 pub struct BuildContext {
     /// The node's name in the graph.
     pub node: String,
+    /// The node's first device (`placement.devices[0]`).
     pub device: DeviceSpec,
+    /// All devices the node runs on in this process, and the run's other processes.
+    pub placement: crate::Placement,
     pub seed: u64,
     pub total_steps: u64,
     pub resources: Arc<Resources>,

@@ -67,6 +67,12 @@ pub trait NodeKind: Send + Sync {
     fn timing_key(&self) -> Option<&str> {
         None
     }
+    /// True when the kind splits its work over replicas (see [`crate::Placement`]): it then runs
+    /// on every device of the run unless the graph pins it to one with `device = "..."`. Other
+    /// kinds run once per process, on the run's first device or their own `device`.
+    fn data_parallel(&self) -> bool {
+        false
+    }
     /// Constraints on the node's parameters and neighbours, reported with the numbers in the
     /// message (e.g. batch × n divisible by the micro-batch size). Runs after the schema, wiring and
     /// port-type checks have passed for this node.

@@ -68,6 +68,7 @@ impl Session {
             let ctx = BuildContext {
                 node: r.name.clone(),
                 device,
+                placement: crate::Placement::single(device),
                 seed,
                 total_steps,
                 resources: Arc::new(resources.clone()),
@@ -96,6 +97,7 @@ impl Session {
             let ctx = BuildContext {
                 node: n.name.clone(),
                 device: devices[i],
+                placement: crate::Placement::single(devices[i]),
                 seed,
                 total_steps,
                 resources: resources.clone(),

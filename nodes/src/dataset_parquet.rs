@@ -346,6 +346,7 @@ mod tests {
         BuildContext {
             node: "data".into(),
             device: DeviceSpec::Cpu,
+            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu),
             seed: 1,
             total_steps: 10,
             resources: Arc::new(Resources::default()),

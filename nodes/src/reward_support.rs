@@ -207,6 +207,7 @@ pub(crate) mod test_support {
         flowrl_engine::BuildContext {
             node: node.into(),
             device: DeviceSpec::Cpu,
+            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu),
             seed: 7,
             total_steps: 1,
             resources: Arc::new(Resources::default()),

@@ -111,6 +111,7 @@ mod tests {
         let ctx = BuildContext {
             node: "sink".into(),
             device: DeviceSpec::Cpu,
+            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu),
             seed: 0,
             total_steps: 3,
             resources: Arc::new(Resources::default()),
