@@ -49,6 +49,10 @@ fn corpus_covers_every_required_mistake() {
         "bad_override",
         "type_mismatch",
         "unknown_resource",
+        "bad_device_list",
+        "node_off_run_devices",
+        "device_conflict",
+        "device_override",
     ] {
         assert!(names.iter().any(|n| n == want), "missing case {want}");
     }

@@ -1,5 +1,6 @@
-//! End-to-end tests of the `flowrl` binary: help, validate/graph/nodes on the shipped graphs, and a
-//! small real run (dataset → JSONL sink) for the run directory, refusal, resume and plots.
+//! End-to-end tests of the `flowrl` binary: help, validate/graph/nodes on the shipped graphs, a
+//! small real run (dataset → JSONL sink) for the run directory, refusal, resume and plots, and the
+//! multi-process flags and `flowrl orchestrator`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -37,15 +38,38 @@ fn help_explains_the_commands() {
     let out = flowrl(&["--help"]);
     assert!(out.status.success());
     let h = text(&out.stdout);
-    for cmd in ["run", "validate", "graph", "nodes", "plot", "data"] {
+    for cmd in [
+        "run",
+        "validate",
+        "graph",
+        "nodes",
+        "plot",
+        "data",
+        "orchestrator",
+    ] {
         assert!(h.contains(&format!("\n  {cmd} ")), "{h}");
     }
     let h = text(&flowrl(&["run", "--help"]).stdout);
     for flag in [
-        "--resume", "--set", "--steps", "--device", "--out", "--force",
+        "--resume",
+        "--set",
+        "--steps",
+        "--device",
+        "--out",
+        "--force",
+        "--rank",
+        "--world",
+        "--orchestrator",
+        "--node-address",
+        "--collective-timeout",
     ] {
         assert!(h.contains(flag), "{h}");
     }
+    assert!(h.contains("Several processes"), "{h}");
+    // The long help walks through a multi-process launch.
+    assert!(h.contains("flowrl orchestrator --port 3000"), "{h}");
+    let h = text(&flowrl(&["validate", "--help"]).stdout);
+    assert!(h.contains("--world") && h.contains("[run] devices"), "{h}");
 }
 
 #[test]
@@ -315,4 +339,233 @@ fn plot_draws_the_main_curves() {
     assert!(svg.contains("critic/score/mean") && svg.contains("actor/pg_loss"));
     let out = flowrl(&["plot", tmp.path().join("nope").to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
+}
+
+/// A graph of the test corpus's shape with two CPU replicas.
+fn two_replica_graph(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(sink_graph(dir))
+        .unwrap()
+        .replace("device = \"cpu\"", "devices = [\"cpu:0\", \"cpu:1\"]");
+    let p = dir.join("replicas.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn validate_reports_devices_and_processes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = two_replica_graph(tmp.path());
+    let g = g.to_str().unwrap();
+    let out = flowrl(&["validate", g]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("; devices: cpu:0, cpu:1)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = flowrl(&[
+        "validate",
+        g,
+        "--rank",
+        "1",
+        "--world",
+        "2",
+        "--orchestrator",
+        "ws://127.0.0.1:3000",
+        "--node-address",
+        "ws://127.0.0.1:3001",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("; devices: cpu:0, cpu:1 × 2 processes)"),
+        "{}",
+        text(&out.stdout)
+    );
+    // `--device` cannot replace a list of devices; the error points at the argument.
+    let out = flowrl(&["validate", g, "--device", "cpu"]);
+    assert_eq!(out.status.code(), Some(78));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("error[E0704]: the graph places the run on [cpu:0, cpu:1] with `[run] devices`; `--device` cannot override a list")
+            && e.contains("--> --device:1:12"),
+        "{e}"
+    );
+    // The graph export shows the placement.
+    let out = flowrl(&["graph", g, "--format", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(v["devices"], serde_json::json!(["cpu:0", "cpu:1"]));
+    assert_eq!(v["nodes"][0]["devices"], serde_json::json!(["cpu:0"]));
+}
+
+#[test]
+fn cluster_flags_are_checked_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = sink_graph(tmp.path());
+    let g = g.to_str().unwrap();
+    let addrs = [
+        "--orchestrator",
+        "ws://127.0.0.1:3000",
+        "--node-address",
+        "ws://127.0.0.1:3001",
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--rank", "2", "--world", "2"],
+            "error: --rank 2 must be below --world 2 (ranks are 0..1)",
+        ),
+        (vec!["--world", "0"], "error: --world must be at least 1"),
+        (
+            vec!["--world", "2", "--node-address", "ws://127.0.0.1:3001"],
+            "error: --world 2 needs --orchestrator ws://HOST:PORT",
+        ),
+        (
+            vec!["--world", "2", "--orchestrator", "ws://127.0.0.1:3000"],
+            "error: --world 2 needs --node-address ws://HOST:PORT",
+        ),
+        (
+            vec![
+                "--world",
+                "2",
+                "--orchestrator",
+                "127.0.0.1:3000",
+                "--node-address",
+                "ws://127.0.0.1:3001",
+            ],
+            "error: --orchestrator `127.0.0.1:3000`: not a ws:// address; expected ws://HOST:PORT",
+        ),
+    ];
+    for (flags, want) in cases {
+        for cmd in ["validate", "run"] {
+            let mut args = vec![cmd, g];
+            args.extend(&flags);
+            let out = run_in(tmp.path(), &args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}");
+            assert!(
+                text(&out.stderr).starts_with(want),
+                "{args:?}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+    assert!(!tmp.path().join("runs").exists());
+    // One process: the address flags are accepted and ignored.
+    let mut args = vec!["validate", g, "--world", "1"];
+    args.extend(addrs);
+    assert!(flowrl(&args).status.success());
+}
+
+#[test]
+fn each_process_of_a_run_writes_its_own_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = sink_graph(tmp.path());
+    let g = g.to_str().unwrap();
+    let out = run_in(
+        tmp.path(),
+        &[
+            "run",
+            g,
+            "--progress",
+            "quiet",
+            "--steps",
+            "1",
+            "--rank",
+            "1",
+            "--world",
+            "2",
+            "--orchestrator",
+            "ws://127.0.0.1:3000",
+            "--node-address",
+            "ws://127.0.0.1:3001",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dirs: Vec<String> = std::fs::read_dir(tmp.path().join("runs/sinkrun"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(dirs.len(), 1);
+    assert!(dirs[0].ends_with("-rank1"), "{dirs:?}");
+    let info: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            tmp.path()
+                .join("runs/sinkrun")
+                .join(&dirs[0])
+                .join("run.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (info["rank"].clone(), info["world"].clone()),
+        (1.into(), 2.into())
+    );
+    assert_eq!(info["devices"], "cpu:0");
+}
+
+/// A port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn orchestrator_listens_until_terminated() {
+    use std::io::{BufRead, BufReader};
+    let port = free_port().to_string();
+    let mut child = Command::new(BIN)
+        .args(["orchestrator", "--port", &port])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line,
+        format!("orchestrator listening on ws://0.0.0.0:{port}\n")
+    );
+    // It accepts connections.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SIGTERM stops it cleanly.
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the orchestrator did not stop on SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+
+    // A port in use is a clear error, not a silent exit.
+    let busy = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let out = flowrl(&["orchestrator", "--port", &port]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(&format!("the orchestrator cannot listen on port {port}")),
+        "{}",
+        text(&out.stderr)
+    );
 }

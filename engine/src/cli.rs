@@ -1,17 +1,19 @@
-//! The engine's command-line interface: `run`, `validate`, `graph`, `nodes`, `plot`.
+//! The engine's command-line interface: `run`, `validate`, `graph`, `nodes`, `plot`, and
+//! `orchestrator` (the coordinator of a multi-process run).
 //!
 //! A binary embeds these commands with `#[command(flatten)]` (see `src/main.rs`, which adds
 //! `flowrl data`) or runs them alone with [`main_with`] (see `examples/custom_node`). Exit codes:
 //! 0 success, 78 configuration error (sysexits' EX_CONFIG: the graph, an override or the device),
 //! 1 any other failure, 2 bad command-line usage (clap).
 
-use crate::compile::{Override, compile};
-use crate::device::{DeviceRequest, DeviceSpec};
+use crate::compile::{Override, Target, compile_for};
+use crate::device::{Machine, device_list};
 use crate::diagnostic::{self, did_you_mean};
 use crate::export::{Format, export};
 use crate::graph::Graph;
 use crate::node::NodeKind;
 use crate::params::ParamSpec;
+use crate::placement::Cluster;
 use crate::progress::ProgressMode;
 use crate::registry::Registry;
 use crate::resource::ResourceKind;
@@ -21,6 +23,7 @@ use clap::{Args, Parser, Subcommand};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// sysexits' EX_CONFIG.
 pub const EXIT_CONFIG: u8 = 78;
@@ -30,16 +33,30 @@ A graph file is TOML: a [run] section (steps, seed, device, ...), resources such
 [models.policy], and nodes [nodes.NAME] with `kind = \"...\"`, `inputs = { port = \"node.port\" }`
 and the kind's parameters. `flowrl nodes` lists the kinds and their parameters.";
 
+const SCALE_OUT_HELP: &str = "\
+Devices: `[run] device = \"cuda:0\"` or `[run] devices = [\"cuda:0\", \"cuda:1\"]` (or CPU replicas
+`[\"cpu:0\", \"cpu:1\"]`). Data-parallel nodes (rollout, logprob, update.*) run one replica per
+device and all-reduce their gradients; other nodes run on the first device or their own `device`.
+
+Several processes (one per machine, say): start the orchestrator once, then every process with
+the same graph, its rank, the world size and an address the others can reach it at:
+  flowrl orchestrator --port 3000
+  flowrl run g.toml --rank 0 --world 2 --orchestrator ws://HOST0:3000 --node-address ws://HOST0:3001
+  flowrl run g.toml --rank 1 --world 2 --orchestrator ws://HOST0:3000 --node-address ws://HOST1:3001
+Without --out each process writes its own run directory (suffix -rankR). A process that dies or
+never joins stops the others after --collective-timeout seconds.";
+
 /// The engine's subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Check a graph, then run it step by step (metrics, checkpoints, plots in a run directory).
     #[command(
-        after_help = "Examples:\n  flowrl run graphs/grpo_vlm.toml\n  flowrl run graphs/grpo_vlm.toml --steps 10 --set nodes.rollout.n=4 --out runs/try\n  flowrl run --resume runs/try --steps 20"
+        after_help = "Examples:\n  flowrl run graphs/grpo_vlm.toml\n  flowrl run graphs/grpo_vlm.toml --steps 10 --set nodes.rollout.n=4 --out runs/try\n  flowrl run --resume runs/try --steps 20",
+        after_long_help = SCALE_OUT_HELP
     )]
     Run(RunArgs),
     /// Check a graph and report every problem at once (exit code 78 if there is one).
-    #[command(after_help = GRAPH_HELP)]
+    #[command(after_help = GRAPH_HELP, after_long_help = SCALE_OUT_HELP)]
     Validate(ValidateArgs),
     /// Export a graph as Graphviz dot, Mermaid, a self-contained HTML page, or JSON.
     #[command(
@@ -50,6 +67,9 @@ pub enum Command {
     Nodes(NodesArgs),
     /// Draw the main curves of a run (metrics.jsonl) into an SVG file.
     Plot(PlotArgs),
+    /// Coordinate a multi-process run: burn-collective's global orchestrator, until killed.
+    #[command(after_help = SCALE_OUT_HELP)]
+    Orchestrator(OrchestratorArgs),
 }
 
 /// Overrides shared by the commands that read a graph.
@@ -59,10 +79,53 @@ pub struct GraphInput {
     /// (values are TOML; text that is not a TOML value is a string). Repeatable.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
-    /// Device: `auto` (CUDA when built with it and a GPU is present, else CPU), `cpu`, `cuda`,
-    /// `cuda:N`. Overrides `[run] device`.
+    /// Device: `auto` (CUDA when built with it and a GPU is present, else CPU), `cpu[:N]`,
+    /// `cuda[:N]`. Overrides `[run] device` (an error when the graph lists `[run] devices`).
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
+}
+
+/// The processes of a multi-process run: every process runs the same graph with its own rank.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// This process's rank, 0..WORLD.
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub rank: usize,
+    /// Number of processes of the run (data-parallel nodes all-reduce across all of them).
+    #[arg(long, value_name = "W", default_value_t = 1)]
+    pub world: usize,
+    /// The orchestrator (`flowrl orchestrator --port PORT`), as ws://HOST:PORT. Needed when
+    /// --world > 1.
+    #[arg(long, value_name = "ws://HOST:PORT")]
+    pub orchestrator: Option<String>,
+    /// Where the other processes reach this one, as ws://HOST:PORT (PORT serves its tensors).
+    /// Needed when --world > 1.
+    #[arg(long, value_name = "ws://HOST:PORT")]
+    pub node_address: Option<String>,
+    /// Seconds a collective operation waits for the other processes before the run stops with an
+    /// error (a process that died or never joined).
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub collective_timeout: u64,
+}
+
+impl ClusterArgs {
+    /// The checked cluster (`None` for one process); the error names the flag at fault.
+    pub fn cluster(&self) -> Result<Option<Cluster>, String> {
+        Cluster::from_flags(
+            self.rank,
+            self.world,
+            self.orchestrator.as_deref(),
+            self.node_address.as_deref(),
+            Duration::from_secs(self.collective_timeout),
+        )
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct OrchestratorArgs {
+    /// Port to listen on (all interfaces); give the processes `--orchestrator ws://HOST:PORT`.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -87,6 +150,8 @@ pub struct RunArgs {
     pub progress: ProgressMode,
     #[command(flatten)]
     pub input: GraphInput,
+    #[command(flatten, next_help_heading = "Several processes")]
+    pub cluster: ClusterArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -94,6 +159,8 @@ pub struct ValidateArgs {
     pub graph: PathBuf,
     #[command(flatten)]
     pub input: GraphInput,
+    #[command(flatten, next_help_heading = "Several processes")]
+    pub cluster: ClusterArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -158,6 +225,7 @@ pub fn execute(cmd: &Command, registry: &Registry) -> ExitCode {
             println!("wrote {}", p.display());
             ExitCode::SUCCESS
         }),
+        Command::Orchestrator(a) => cmd_orchestrator(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
@@ -165,21 +233,33 @@ pub fn execute(cmd: &Command, registry: &Registry) -> ExitCode {
     })
 }
 
-/// Reads and compiles a graph; on failure prints the diagnostics and returns the exit code.
+/// Reads and compiles a graph for this machine and `world` processes (devices and placement are
+/// checked there); on failure prints the diagnostics and returns the exit code.
 fn load(
     registry: &Registry,
     path: &Path,
     input: &GraphInput,
     extra: Vec<Override>,
+    world: usize,
 ) -> anyhow::Result<Result<Graph, ExitCode>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read graph file {}: {e}", path.display()))?;
     let mut overrides = Override::sets(&input.set);
     overrides.extend(extra);
     if let Some(d) = &input.device {
-        overrides.push(Override::new("--device", format!("run.device=\"{d}\"")));
+        overrides.push(Override::device(d));
     }
-    match compile(registry, &path.display().to_string(), &text, &overrides) {
+    let target = Target {
+        machine: Machine::detect(),
+        world,
+    };
+    match compile_for(
+        registry,
+        &path.display().to_string(),
+        &text,
+        &overrides,
+        &target,
+    ) {
         Ok((graph, warnings)) => {
             if !warnings.is_empty() {
                 eprint!("{}", diagnostic::render(&warnings, &graph.sources));
@@ -193,32 +273,20 @@ fn load(
     }
 }
 
-fn resolve_device(graph: &Graph) -> Result<DeviceSpec, String> {
-    graph.run.device.parse::<DeviceRequest>()?.resolve()
-}
-
-/// [`load`], then resolves the run device; an unusable device is printed and returns the config
-/// exit code.
-fn load_on_device(
-    registry: &Registry,
-    path: &Path,
-    input: &GraphInput,
-    extra: Vec<Override>,
-) -> anyhow::Result<Result<(Graph, DeviceSpec), ExitCode>> {
-    let graph = match load(registry, path, input, extra)? {
-        Ok(g) => g,
-        Err(code) => return Ok(Err(code)),
-    };
-    match resolve_device(&graph) {
-        Ok(d) => Ok(Ok((graph, d))),
-        Err(msg) => {
-            eprintln!("error: {msg}");
-            Ok(Err(ExitCode::from(EXIT_CONFIG)))
-        }
-    }
+/// The cluster of `run`/`validate`; bad flags are a usage error (exit code 2).
+fn cluster_of(args: &ClusterArgs) -> Result<Option<Cluster>, ExitCode> {
+    args.cluster().map_err(|msg| {
+        eprintln!("error: {msg}");
+        ExitCode::from(2)
+    })
 }
 
 fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
+    let cluster = match cluster_of(&a.cluster) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let world = cluster.as_ref().map_or(1, |c| c.world);
     let extra: Vec<Override> = a
         .steps
         .map(|s| Override::new("--steps", format!("run.steps={s}")))
@@ -232,8 +300,8 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
             false,
         ),
     };
-    let graph = match load_on_device(registry, &graph_file, &a.input, extra)? {
-        Ok((g, _)) => g,
+    let graph = match load(registry, &graph_file, &a.input, extra, world)? {
+        Ok(g) => g,
         Err(code) => return Ok(code),
     };
     let opts = RunOptions {
@@ -242,6 +310,7 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
         resume,
         force: a.force,
         progress: a.progress,
+        cluster,
     };
     let s = run(graph, &opts)?;
     if s.first_step >= s.steps {
@@ -266,13 +335,22 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
 }
 
 fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
-    let graph = match load_on_device(registry, &a.graph, &a.input, Vec::new())? {
-        Ok((g, _)) => g,
+    let world = match cluster_of(&a.cluster) {
+        Ok(c) => c.map_or(1, |c| c.world),
+        Err(code) => return Ok(code),
+    };
+    let graph = match load(registry, &a.graph, &a.input, Vec::new(), world)? {
+        Ok(g) => g,
         Err(code) => return Ok(code),
     };
     let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let processes = if world > 1 {
+        format!(" × {world} processes")
+    } else {
+        String::new()
+    };
     println!(
-        "{}: ok ({}, {}, {}; order: {})",
+        "{}: ok ({}, {}, {}; order: {}; devices: {}{processes})",
         a.graph.display(),
         count(graph.nodes.len(), "node"),
         count(graph.resources.len(), "resource"),
@@ -285,26 +363,18 @@ fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCod
             .iter()
             .map(|&i| graph.nodes[i].name.as_str())
             .collect::<Vec<_>>()
-            .join(" → ")
+            .join(" → "),
+        device_list(&graph.devices)
     );
     Ok(ExitCode::SUCCESS)
 }
 
 fn cmd_graph(a: &GraphArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
-    let (graph, run_device) = match load_on_device(registry, &a.graph, &a.input, Vec::new())? {
-        Ok(x) => x,
+    let graph = match load(registry, &a.graph, &a.input, Vec::new(), 1)? {
+        Ok(g) => g,
         Err(code) => return Ok(code),
     };
-    let devices: Vec<DeviceSpec> = graph
-        .nodes
-        .iter()
-        .map(|n| {
-            n.device
-                .and_then(|r| r.resolve().ok())
-                .unwrap_or(run_device)
-        })
-        .collect();
-    let text = export(&graph, &devices, a.format);
+    let text = export(&graph, a.format);
     match &a.output {
         Some(p) => {
             std::fs::write(p, text)?;
@@ -317,7 +387,7 @@ fn cmd_graph(a: &GraphArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
 
 fn cmd_nodes(a: &NodesArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
     if let Some(file) = &a.graph {
-        let graph = match load(registry, file, &a.input, Vec::new())? {
+        let graph = match load(registry, file, &a.input, Vec::new(), 1)? {
             Ok(g) => g,
             Err(code) => return Ok(code),
         };
@@ -378,6 +448,20 @@ fn cmd_nodes(a: &NodesArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `flowrl orchestrator --port P`: burn-collective's global orchestrator, which the processes of a
+/// multi-process run register with; it returns on Ctrl-C or SIGTERM.
+fn cmd_orchestrator(a: &OrchestratorArgs) -> anyhow::Result<ExitCode> {
+    // The orchestrator only logs a failure to listen; a port in use must be a clear error.
+    std::net::TcpListener::bind(("0.0.0.0", a.port))
+        .map_err(|e| anyhow::anyhow!("the orchestrator cannot listen on port {}: {e}", a.port))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    println!("orchestrator listening on ws://0.0.0.0:{}", a.port);
+    runtime.block_on(burn_collective::start_global_orchestrator(a.port));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -469,6 +553,11 @@ pub fn describe_kind(k: &dyn NodeKind) -> String {
         s.push_str("  (none)\n");
     }
     describe_params(&mut s, &params, "  ");
+    s.push_str(if k.data_parallel() {
+        "\nPlacement: data-parallel: one replica on each of the run's devices (`device` pins it to one)\n"
+    } else {
+        "\nPlacement: once per process, on the run's first device (or its `device`)\n"
+    });
     s.push_str("\nEngine keys: kind, inputs = { port = \"node.port\" }, device, timing\n");
     s
 }

@@ -6,13 +6,19 @@
 //! 2. **shape** — known sections; `[run]`, each resource section and each node table checked
 //!    against its schema: unknown keys (did-you-mean), required keys, types, ranges, enum values;
 //!    unknown node kinds (did-you-mean);
-//! 3. **resources** — resource-typed parameters name a declared resource of the right kind;
-//! 4. **wiring** — every `inputs` entry names a known input port and an existing `node.port`, the
+//! 3. **placement** — the run's devices (`[run] device` or `devices`: known, distinct, of one
+//!    type, present on the target machine) and each node's `device` (one of the run's devices);
+//! 4. **resources** — resource-typed parameters name a declared resource of the right kind;
+//! 5. **wiring** — every `inputs` entry names a known input port and an existing `node.port`, the
 //!    port types agree (both ends and both types named), every required input is wired;
-//! 5. **cycles** — one step is a DAG; a cycle is printed as its whole chain;
-//! 6. **constraints** — when everything above passed, each kind's `validate` hook.
+//! 6. **cycles** — one step is a DAG; a cycle is printed as its whole chain;
+//! 7. **constraints** — when everything above passed, each kind's `validate` hook (which may read
+//!    the node's placement, e.g. to require work that splits evenly over its replicas).
+//!
+//! Devices are checked against a [`Target`]: the machine (CUDA compiled in, number of GPUs) and
+//! the number of processes of the run. [`compile`] targets this machine and one process.
 
-use crate::device::DeviceRequest;
+use crate::device::{DeviceRequest, DeviceSpec, Machine};
 use crate::diagnostic::{self, Code, Diagnostic, SourceId, SourceMap, Span, did_you_mean};
 use crate::graph::{Edge, Graph, GraphNode, GraphResource, RunConfig, SpanIndex};
 use crate::node::{NodeKind, NodeTable, Subject, ValidateCtx};
@@ -64,7 +70,10 @@ pub fn run_params() -> Vec<ParamSpec> {
             .doc("run seed; every random draw derives from (seed, step, node name)"),
         ParamSpec::string("device")
             .default("auto")
-            .doc("`auto` | `cpu` | `cuda` | `cuda:N`; `auto` is CUDA when built with it and a GPU is present"),
+            .doc("`auto` | `cpu` | `cpu:N` | `cuda` | `cuda:N`; `auto` is CUDA when built with it and a GPU is present; short for `devices = [\"X\"]`"),
+        ParamSpec::array("devices", ParamType::String).doc(
+            "the devices of this process, all CPU replicas or all GPUs (`[\"cuda:0\", \"cuda:1\"]`): data-parallel nodes run one replica on each; instead of `device`",
+        ),
         ParamSpec::path("out")
             .doc("run directory; default: a new timestamped directory under `runs/`"),
         ParamSpec::int("checkpoint_every")
@@ -101,6 +110,12 @@ impl Override {
         }
     }
 
+    /// The `--device` command-line argument (`run.device=...`); when the graph has `[run] devices`
+    /// it is an error that points at the argument.
+    pub fn device(device: &str) -> Override {
+        Override::new(DEVICE_ARG, format!("run.device=\"{device}\""))
+    }
+
     /// `--set` arguments, numbered from 1 in the order given.
     pub fn sets(args: &[String]) -> Vec<Override> {
         args.iter()
@@ -110,13 +125,47 @@ impl Override {
     }
 }
 
-/// Compiles a graph file. `name` is how the file is shown in diagnostics (its path). Returns the
-/// graph and its warnings, or every diagnostic.
+/// The origin of the `--device` override.
+const DEVICE_ARG: &str = "--device";
+
+/// What a graph is compiled for: the machine its devices must exist on and the number of
+/// processes of the run (kinds' `validate` hooks see `world × local devices` replicas).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub machine: Machine,
+    /// Processes of the run (`--world`), at least 1.
+    pub world: usize,
+}
+
+impl Target {
+    /// This binary on this machine, one process.
+    pub fn detect() -> Self {
+        Target {
+            machine: Machine::detect(),
+            world: 1,
+        }
+    }
+}
+
+/// Compiles a graph file for this machine and one process ([`Target::detect`]). `name` is how the
+/// file is shown in diagnostics (its path). Returns the graph and its warnings, or every
+/// diagnostic.
 pub fn compile(
     registry: &Registry,
     name: &str,
     text: &str,
     overrides: &[Override],
+) -> Result<(Graph, Vec<Diagnostic>), Failure> {
+    compile_for(registry, name, text, overrides, &Target::detect())
+}
+
+/// [`compile`] for another [`Target`] (a multi-process run, or a machine described by a test).
+pub fn compile_for(
+    registry: &Registry,
+    name: &str,
+    text: &str,
+    overrides: &[Override],
+    target: &Target,
 ) -> Result<(Graph, Vec<Diagnostic>), Failure> {
     let mut sources = SourceMap::default();
     let file = sources.add(name, text);
@@ -134,8 +183,12 @@ pub fn compile(
         Err(d) => return fail(d, sources),
     };
     let mut diags = Vec::new();
+    let mut device_arg = None;
     for o in overrides {
         let id = sources.add(o.origin.clone(), o.text.clone());
+        if o.origin == DEVICE_ARG {
+            device_arg = Some(id);
+        }
         if let Err(d) = spec::apply_override(&mut doc, &o.text, id) {
             diags.push(d);
         }
@@ -145,17 +198,21 @@ pub fn compile(
         registry,
         diags,
         file,
+        machine: target.machine,
+        device_arg,
     };
     // Stage 2: shape.
-    let run = c.check_run(&doc);
+    let (run, run_devices) = c.check_run(&doc);
     let resources = c.check_resources(&doc);
     let nodes = c.check_nodes(&doc);
     c.check_sections(&doc);
-    // Stage 3: resource references.
+    // Stage 3: placement.
+    let node_devices = c.check_node_devices(&nodes, run_devices.as_deref());
+    // Stage 4: resource references.
     let resource_deps = c.check_resource_refs(&resources, &nodes);
-    // Stage 4: wiring.
+    // Stage 5: wiring.
     let edges = c.check_wiring(&nodes);
-    // Stage 5: cycles.
+    // Stage 6: cycles.
     let order = c.check_cycles(&nodes, &edges);
 
     if c.diags.iter().any(Diagnostic::is_error) {
@@ -183,12 +240,13 @@ pub fn compile(
         nodes: nodes
             .into_iter()
             .zip(edges)
-            .map(|(n, inputs)| GraphNode {
+            .zip(node_devices)
+            .map(|((n, inputs), device)| GraphNode {
                 name: n.name,
                 kind: n.kind.expect("kinds resolved"),
                 params: n.params,
                 inputs,
-                device: n.device,
+                device,
                 timing_key: n.timing_key,
                 spans: n.spans,
             })
@@ -204,33 +262,44 @@ pub fn compile(
                 spans: r.spans,
             })
             .collect(),
+        devices: run_devices.expect("run devices checked"),
+        world: target.world.max(1),
         order,
         dag,
         sources,
         resolved,
     };
 
-    // Stage 6: constraints declared by kinds.
+    // Stage 7: constraints declared by kinds.
     let mut diags = c.diags;
+    diags.extend(check_constraints(&graph));
+    if diags.iter().any(Diagnostic::is_error) {
+        return fail(diags, graph.sources);
+    }
+    diagnostic::sort(&mut diags);
+    Ok((graph, diags))
+}
+
+/// The constraint stage: every resource and node kind's `validate` hook on a graph whose earlier
+/// stages passed. [`crate::Session::build`] runs it again when it places the graph on other
+/// devices or processes than it was compiled for, since constraints may depend on the replicas.
+pub fn check_constraints(graph: &Graph) -> Vec<Diagnostic> {
+    let mut diags = Vec::new();
     for i in 0..graph.resources.len() {
         let ctx = ValidateCtx {
-            graph: &graph,
+            graph,
             subject: Subject::Resource(i),
         };
         diags.extend(graph.resources[i].kind.validate(&ctx));
     }
     for i in 0..graph.nodes.len() {
         let ctx = ValidateCtx {
-            graph: &graph,
+            graph,
             subject: Subject::Node(i),
         };
         diags.extend(graph.nodes[i].kind.validate(&ctx));
     }
-    if diags.iter().any(Diagnostic::is_error) {
-        return fail(diags, graph.sources);
-    }
-    diagnostic::sort(&mut diags);
-    Ok((graph, diags))
+    diags
 }
 
 /// A node after the shape stage.
@@ -239,7 +308,8 @@ struct NodeDraft<'d> {
     kind: Option<Arc<dyn NodeKind>>,
     params: Params,
     inputs: Option<&'d SEntry>,
-    device: Option<DeviceRequest>,
+    /// `device = "..."` as written, with its value's span.
+    device: Option<(DeviceRequest, Span)>,
     timing_key: String,
     spans: SpanIndex,
     /// Resource references: (param path, resource kind, name, span).
@@ -266,6 +336,10 @@ struct Compiler<'r> {
     registry: &'r Registry,
     diags: Vec<Diagnostic>,
     file: SourceId,
+    /// The machine devices are checked against.
+    machine: Machine,
+    /// The source of the `--device` argument, when given.
+    device_arg: Option<SourceId>,
 }
 
 fn table_of<'a>(
@@ -323,18 +397,19 @@ impl Compiler<'_> {
         }
     }
 
-    fn check_run(&mut self, doc: &STable) -> Option<RunConfig> {
+    /// The `[run]` section and the run's devices (`None` after an error).
+    fn check_run(&mut self, doc: &STable) -> (Option<RunConfig>, Option<Vec<DeviceSpec>>) {
         let empty = STable::default();
         let (table, header) = match doc.get("run") {
-            Some(e) => (
-                table_of(
-                    e,
-                    "`run`",
-                    "write it as a section: `[run]`",
-                    &mut self.diags,
-                )?,
-                e.key_span,
-            ),
+            Some(e) => match table_of(
+                e,
+                "`run`",
+                "write it as a section: `[run]`",
+                &mut self.diags,
+            ) {
+                Some(t) => (t, e.key_span),
+                None => return (None, None),
+            },
             None => (&empty, Span::new(self.file, 0, 0)),
         };
         let mut spans = SpanIndex {
@@ -353,13 +428,232 @@ impl Compiler<'_> {
             &mut self.diags,
         );
         let params = Params::from_map(map);
-        if let Some(dev) = params.get_str("device")
-            && let Err(msg) = dev.parse::<DeviceRequest>()
-        {
-            self.diags
-                .push(Diagnostic::error(Code::InvalidValue, msg).at(spans.value_span("device")));
+        let devices = self.check_run_devices(table);
+        (params.parse::<RunConfig>().ok(), devices)
+    }
+
+    /// `[run] device` or `[run] devices`, resolved on the target machine. Type errors were
+    /// reported by the schema check; `None` after any error.
+    fn check_run_devices(&mut self, table: &STable) -> Option<Vec<DeviceSpec>> {
+        let errors = self.diags.len();
+        let (one, list) = (table.get("device"), table.get("devices"));
+        if let (Some(one), Some(list)) = (one, list) {
+            self.diags.push(self.device_conflict(one, list));
+            return None;
         }
-        params.parse::<RunConfig>().ok()
+        let Some(list) = list else {
+            let Some(one) = one else {
+                return Some(vec![self.auto()]);
+            };
+            let req = self.parse_device(one.value.as_str()?, one.value.span)?;
+            return self
+                .resolve_run_device(req, one.value.span)
+                .map(|d| vec![d]);
+        };
+        let SKind::Array(items) = &list.value.kind else {
+            return None;
+        };
+        if items.is_empty() {
+            self.diags.push(
+                Diagnostic::error(Code::BadDeviceList, "`[run] devices` is empty")
+                    .at(list.value.span)
+                    .with_help(
+                        "list the devices of this process, e.g. `devices = [\"cpu:0\", \"cpu:1\"]`",
+                    ),
+            );
+            return None;
+        }
+        // Duplicates and mixed types are mistakes on any machine: checked on the devices as
+        // written, before each is looked up on the target machine.
+        let mut listed: Vec<(DeviceRequest, DeviceSpec, Span)> = Vec::new();
+        for item in items {
+            let Some(req) = item.as_str().and_then(|s| self.parse_device(s, item.span)) else {
+                continue;
+            };
+            let d = match req {
+                DeviceRequest::Cpu(n) => DeviceSpec::Cpu(n),
+                DeviceRequest::Cuda(n) => DeviceSpec::Cuda(n),
+                DeviceRequest::Auto => {
+                    self.diags.push(
+                        Diagnostic::error(
+                            Code::BadDeviceList,
+                            "`auto` cannot be one of `[run] devices`",
+                        )
+                        .at(item.span)
+                        .with_help(
+                            "`auto` picks one device: write `device = \"auto\"`, or list the devices",
+                        ),
+                    );
+                    continue;
+                }
+            };
+            if let Some((_, _, first)) = listed.iter().find(|(_, e, _)| *e == d) {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::BadDeviceList,
+                        format!("`[run] devices` lists {d} twice"),
+                    )
+                    .at(item.span)
+                    .with_note(*first, "first listed here")
+                    .with_help("each device runs one replica; list it once"),
+                );
+                continue;
+            }
+            if let Some((_, first, first_span)) = listed.first()
+                && first.type_name() != d.type_name()
+            {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::BadDeviceList,
+                        format!(
+                            "`[run] devices` mixes {} and {} devices",
+                            first.type_name(),
+                            d.type_name()
+                        ),
+                    )
+                    .at(item.span)
+                    .with_note(
+                        *first_span,
+                        format!("{first} is a {} device", first.type_name()),
+                    )
+                    .with_help(
+                        "the replicas of a run are all CPU replicas (`cpu:N`) or all GPUs (`cuda:N`)",
+                    ),
+                );
+                continue;
+            }
+            listed.push((req, d, item.span));
+        }
+        let devices: Vec<DeviceSpec> = listed
+            .into_iter()
+            .filter_map(|(req, _, span)| self.resolve_run_device(req, span))
+            .collect();
+        (self.diags.len() == errors).then_some(devices)
+    }
+
+    /// `auto` on the target machine.
+    fn auto(&self) -> DeviceSpec {
+        self.machine
+            .resolve(DeviceRequest::Auto)
+            .expect("auto always resolves")
+    }
+
+    /// A device string (an error at `span` when it is not one).
+    fn parse_device(&mut self, text: &str, span: Span) -> Option<DeviceRequest> {
+        text.parse::<DeviceRequest>()
+            .map_err(|msg| {
+                self.diags
+                    .push(Diagnostic::error(Code::InvalidValue, msg).at(span))
+            })
+            .ok()
+    }
+
+    /// A device of the run on the target machine (an error at `span` when it is not there).
+    fn resolve_run_device(&mut self, req: DeviceRequest, span: Span) -> Option<DeviceSpec> {
+        match self.machine.resolve(req) {
+            Ok(d) => Some(d),
+            Err(why) => {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::DeviceUnavailable,
+                        format!("the run is placed on {req}, but {why}"),
+                    )
+                    .at(span)
+                    .with_help(why.help()),
+                );
+                None
+            }
+        }
+    }
+
+    /// `[run] device` and `[run] devices` both given: an error at the one given second (an
+    /// override comes after the file); `--device` against a list says so.
+    fn device_conflict(&self, one: &SEntry, list: &SEntry) -> Diagnostic {
+        let written: Vec<String> = match &list.value.kind {
+            SKind::Array(items) => items
+                .iter()
+                .map(|i| {
+                    i.as_str()
+                        .map_or_else(|| format!("{}", i.to_json()), str::to_string)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let list_text = format!("[{}]", written.join(", "));
+        if Some(one.key_span.source) == self.device_arg {
+            return Diagnostic::error(
+                Code::DeviceConflict,
+                format!(
+                    "the graph places the run on {list_text} with `[run] devices`; `--device` cannot override a list"
+                ),
+            )
+            .at(one.value.span)
+            .with_note(list.key_span, "`[run] devices` is set here")
+            .with_help("leave out `--device`, or choose the devices with `--set 'run.devices=[\"cuda:0\", \"cuda:1\"]'`");
+        }
+        let key = |e: &SEntry| (e.key_span.source, e.key_span.start);
+        let (first, second) = if key(one) <= key(list) {
+            (one, list)
+        } else {
+            (list, one)
+        };
+        Diagnostic::error(
+            Code::DeviceConflict,
+            "`[run] device` and `[run] devices` are both given",
+        )
+        .at(second.key_span)
+        .with_note(first.key_span, format!("`{}` is given here", first.key))
+        .with_help("`device = \"X\"` is short for `devices = [\"X\"]`; keep one of them")
+    }
+
+    /// Each node's `device`, resolved and checked against the run's devices (stage 3).
+    fn check_node_devices(
+        &mut self,
+        nodes: &[NodeDraft<'_>],
+        run_devices: Option<&[DeviceSpec]>,
+    ) -> Vec<Option<DeviceSpec>> {
+        let mut out = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let Some((req, span)) = n.device else {
+                out.push(None);
+                continue;
+            };
+            let d = match self.machine.resolve(req) {
+                Ok(d) => d,
+                Err(why) => {
+                    self.diags.push(
+                        Diagnostic::error(
+                            Code::DeviceUnavailable,
+                            format!("node `{}` is placed on {req}, but {why}", n.name),
+                        )
+                        .at(span)
+                        .with_help(why.help()),
+                    );
+                    out.push(None);
+                    continue;
+                }
+            };
+            if let Some(run) = run_devices
+                && !run.contains(&d)
+            {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::DeviceNotInRun,
+                        format!(
+                            "node `{}` is placed on {d}, which is not one of the run's devices [{}]",
+                            n.name,
+                            crate::device::device_list(run)
+                        ),
+                    )
+                    .at(span)
+                    .with_help(format!(
+                        "add {d} to `[run] devices`, or remove the node's `device` to run it on the run's devices"
+                    )),
+                );
+            }
+            out.push(Some(d));
+        }
+        out
     }
 
     fn check_resources(&mut self, doc: &STable) -> Vec<ResourceDraft> {
@@ -499,7 +793,21 @@ impl Compiler<'_> {
             let device = t.get("device").and_then(|d| {
                 spans.values.insert("device".into(), d.value.span);
                 match d.value.as_str().map(str::parse::<DeviceRequest>) {
-                    Some(Ok(r)) => Some(r),
+                    Some(Ok(DeviceRequest::Auto)) => {
+                        self.diags.push(
+                            Diagnostic::error(
+                                Code::InvalidValue,
+                                format!("{what} cannot be placed on `auto`"),
+                            )
+                            .at(d.value.span)
+                            .with_help(
+                                "a node's `device` pins it to one of the run's devices (`cpu:N`, \
+                                 `cuda:N`); without it the node runs on the run's devices",
+                            ),
+                        );
+                        None
+                    }
+                    Some(Ok(r)) => Some((r, d.value.span)),
                     Some(Err(msg)) => {
                         self.diags
                             .push(Diagnostic::error(Code::InvalidValue, msg).at(d.value.span));
@@ -537,6 +845,42 @@ impl Compiler<'_> {
                         .insert(format!("inputs.{}", e.key), e.value.span);
                 }
             }
+            // `devices` belongs to `[run]`; on a node it gets its own explanation rather than a
+            // did-you-mean.
+            let without_devices;
+            let t = match (t.get("devices"), &kind) {
+                (Some(d), Some(k)) => {
+                    let help = if k.data_parallel() {
+                        format!(
+                            "kind `{}` is data-parallel: without `device` it runs one replica on each of `[run] devices`",
+                            k.name()
+                        )
+                    } else {
+                        format!(
+                            "kind `{}` runs once per process: on the run's first device, or on the one its `device` names",
+                            k.name()
+                        )
+                    };
+                    self.diags.push(
+                        Diagnostic::error(
+                            Code::UnknownKey,
+                            format!("{what} cannot take `devices`; a node takes one `device`"),
+                        )
+                        .at(d.key_span)
+                        .with_help(help),
+                    );
+                    without_devices = STable {
+                        entries: t
+                            .entries
+                            .iter()
+                            .filter(|e| e.key != "devices")
+                            .cloned()
+                            .collect(),
+                    };
+                    &without_devices
+                }
+                _ => t,
+            };
             let mut refs = Vec::new();
             let params = match &kind {
                 Some(kind) => {

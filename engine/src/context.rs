@@ -165,7 +165,7 @@ mod tests {
     fn rng_depends_on_seed_step_and_node_only() {
         let res = Arc::new(Resources::default());
         let draw = |node: &str, step: u64, seed: u64| {
-            let mut c = StepContext::new(node, step, 10, seed, DeviceSpec::Cpu, res.clone());
+            let mut c = StepContext::new(node, step, 10, seed, DeviceSpec::Cpu(0), res.clone());
             c.rng().random::<u64>()
         };
         assert_eq!(draw("a", 3, 7), draw("a", 3, 7));

@@ -1,5 +1,8 @@
-//! Devices: where a node runs. `auto` resolves at run time to CUDA when the binary was built with
-//! the `cuda` feature and a GPU is present, else to the CPU (burn's Flex backend).
+//! Devices: where a node runs. `auto` resolves to CUDA when the binary was built with the `cuda`
+//! feature and a GPU is present, else to the CPU (burn's Flex backend).
+//!
+//! `cpu:N` names a logical CPU replica: several replicas on the CPU share its cores, which is how
+//! data parallelism is tested without GPUs. `cpu` is `cpu:0`, `cuda` is `cuda:0`.
 //!
 //! GPU presence is detected from the NVIDIA kernel driver's `/proc/driver/nvidia/gpus` entries, which
 //! never panics and needs no CUDA library; the CUDA runtime itself is only touched by the nodes that
@@ -11,38 +14,65 @@ use std::str::FromStr;
 /// A concrete device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum DeviceSpec {
-    Cpu,
+    /// Logical CPU replica `N` (all replicas share the CPU's cores).
+    Cpu(usize),
+    /// NVIDIA GPU `N`.
     Cuda(usize),
 }
 
-impl fmt::Display for DeviceSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl DeviceSpec {
+    /// `"cpu"` or `"cuda"`: devices of one run must all have the same type.
+    pub fn type_name(self) -> &'static str {
         match self {
-            DeviceSpec::Cpu => f.write_str("cpu"),
-            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceSpec::Cpu(_) => "cpu",
+            DeviceSpec::Cuda(_) => "cuda",
+        }
+    }
+
+    /// The device's index within its type.
+    pub fn index(self) -> usize {
+        match self {
+            DeviceSpec::Cpu(n) | DeviceSpec::Cuda(n) => n,
         }
     }
 }
 
-/// A device as written by a user: `auto`, `cpu`, `cuda`, `cuda:N`.
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.type_name(), self.index())
+    }
+}
+
+/// Devices shown as `cpu:0, cpu:1`.
+pub fn device_list(devices: &[DeviceSpec]) -> String {
+    devices
+        .iter()
+        .map(DeviceSpec::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A device as written by a user: `auto`, `cpu`, `cpu:N`, `cuda`, `cuda:N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceRequest {
     Auto,
-    Cpu,
+    Cpu(usize),
     Cuda(usize),
 }
 
 impl FromStr for DeviceRequest {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
+        let indexed = |prefix: &str| s.strip_prefix(prefix).map(str::parse::<usize>);
         match s {
             "auto" => Ok(DeviceRequest::Auto),
-            "cpu" => Ok(DeviceRequest::Cpu),
+            "cpu" => Ok(DeviceRequest::Cpu(0)),
             "cuda" => Ok(DeviceRequest::Cuda(0)),
-            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(DeviceRequest::Cuda(n)),
+            _ => match (indexed("cpu:"), indexed("cuda:")) {
+                (Some(Ok(n)), _) => Ok(DeviceRequest::Cpu(n)),
+                (_, Some(Ok(n))) => Ok(DeviceRequest::Cuda(n)),
                 _ => Err(format!(
-                    "`{s}` is not a device; expected `auto`, `cpu`, `cuda` or `cuda:N`"
+                    "`{s}` is not a device; expected `auto`, `cpu`, `cpu:N`, `cuda` or `cuda:N`"
                 )),
             },
         }
@@ -53,7 +83,7 @@ impl fmt::Display for DeviceRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceRequest::Auto => f.write_str("auto"),
-            DeviceRequest::Cpu => f.write_str("cpu"),
+            DeviceRequest::Cpu(n) => write!(f, "cpu:{n}"),
             DeviceRequest::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
@@ -71,34 +101,87 @@ pub fn gpu_count() -> usize {
         .unwrap_or(0)
 }
 
+/// What a graph's devices are checked against: whether CUDA is compiled in and how many GPUs
+/// there are. [`Machine::detect`] reads this machine; tests construct other machines (a 2-GPU
+/// machine, say) to check placement messages without the hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Machine {
+    pub cuda_compiled: bool,
+    pub gpus: usize,
+}
+
+impl Machine {
+    /// This binary on this machine.
+    pub fn detect() -> Self {
+        Machine {
+            cuda_compiled: cuda_compiled(),
+            gpus: gpu_count(),
+        }
+    }
+
+    /// Resolves a request; `auto` is `cuda:0` when CUDA is compiled in and a GPU is present, else
+    /// `cpu:0`. An unavailable CUDA device is an error that says why, to be completed by the
+    /// caller as "<what> is placed on cuda:N, but <reason>".
+    pub fn resolve(&self, req: DeviceRequest) -> Result<DeviceSpec, Unavailable> {
+        match req {
+            DeviceRequest::Auto if self.cuda_compiled && self.gpus > 0 => Ok(DeviceSpec::Cuda(0)),
+            DeviceRequest::Auto => Ok(DeviceSpec::Cpu(0)),
+            DeviceRequest::Cpu(n) => Ok(DeviceSpec::Cpu(n)),
+            DeviceRequest::Cuda(n) => {
+                if !self.cuda_compiled {
+                    Err(Unavailable::NoCudaBuild)
+                } else if n >= self.gpus {
+                    Err(Unavailable::NoSuchGpu { gpus: self.gpus })
+                } else {
+                    Ok(DeviceSpec::Cuda(n))
+                }
+            }
+        }
+    }
+}
+
+/// Why a requested CUDA device cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The binary was built without the `cuda` feature.
+    NoCudaBuild,
+    /// The index is not below the number of GPUs.
+    NoSuchGpu { gpus: usize },
+}
+
+impl fmt::Display for Unavailable {
+    /// The reason, e.g. "this machine has 2 GPUs (cuda:0, cuda:1)".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Unavailable::NoCudaBuild => f.write_str("this binary was built without CUDA"),
+            Unavailable::NoSuchGpu { gpus: 0 } => f.write_str("this machine has no NVIDIA GPU"),
+            Unavailable::NoSuchGpu { gpus } => {
+                let all: Vec<DeviceSpec> = (0..gpus).map(DeviceSpec::Cuda).collect();
+                let s = if gpus == 1 { "" } else { "s" };
+                write!(f, "this machine has {gpus} GPU{s} ({})", device_list(&all))
+            }
+        }
+    }
+}
+
+impl Unavailable {
+    /// What to do about it.
+    pub fn help(&self) -> &'static str {
+        match self {
+            Unavailable::NoCudaBuild => "rebuild with `cargo build --release --features cuda`",
+            Unavailable::NoSuchGpu { .. } => {
+                "place it on one of the GPUs listed, or on the CPU (`cpu:N`)"
+            }
+        }
+    }
+}
+
 impl DeviceRequest {
     /// Resolves the request on this machine; an error says why a CUDA device is unavailable.
     pub fn resolve(self) -> Result<DeviceSpec, String> {
-        match self {
-            DeviceRequest::Cpu => Ok(DeviceSpec::Cpu),
-            DeviceRequest::Auto => {
-                if cuda_compiled() && gpu_count() > 0 {
-                    Ok(DeviceSpec::Cuda(0))
-                } else {
-                    Ok(DeviceSpec::Cpu)
-                }
-            }
-            DeviceRequest::Cuda(n) => {
-                if !cuda_compiled() {
-                    return Err(format!(
-                        "device cuda:{n} requested, but this binary was built without CUDA \
-                         (rebuild with `--features cuda`)"
-                    ));
-                }
-                let count = gpu_count();
-                if n >= count {
-                    return Err(format!(
-                        "device cuda:{n} requested, but {count} NVIDIA GPU(s) are visible"
-                    ));
-                }
-                Ok(DeviceSpec::Cuda(n))
-            }
-        }
+        Machine::detect()
+            .resolve(self)
+            .map_err(|why| format!("device {self} requested, but {why} ({})", why.help()))
     }
 }
 
@@ -109,18 +192,54 @@ mod tests {
     #[test]
     fn parses_requests() {
         assert_eq!("auto".parse(), Ok(DeviceRequest::Auto));
+        assert_eq!("cpu".parse(), Ok(DeviceRequest::Cpu(0)));
+        assert_eq!("cpu:5".parse(), Ok(DeviceRequest::Cpu(5)));
         assert_eq!("cuda".parse(), Ok(DeviceRequest::Cuda(0)));
         assert_eq!("cuda:3".parse(), Ok(DeviceRequest::Cuda(3)));
-        assert!("gpu".parse::<DeviceRequest>().is_err());
-        assert!("cuda:x".parse::<DeviceRequest>().is_err());
-        assert_eq!(DeviceRequest::Cpu.resolve(), Ok(DeviceSpec::Cpu));
+        for bad in ["gpu", "cuda:x", "cpu:", "cpu:-1", "CPU"] {
+            assert!(bad.parse::<DeviceRequest>().is_err(), "{bad}");
+        }
+        assert_eq!(DeviceRequest::Cpu(2).resolve(), Ok(DeviceSpec::Cpu(2)));
+        assert_eq!(DeviceSpec::Cpu(0).to_string(), "cpu:0");
+        assert_eq!(DeviceSpec::Cuda(1).to_string(), "cuda:1");
     }
 
     #[test]
     fn auto_falls_back_to_cpu_without_cuda() {
         let d = DeviceRequest::Auto.resolve().unwrap();
         if !cuda_compiled() || gpu_count() == 0 {
-            assert_eq!(d, DeviceSpec::Cpu);
+            assert_eq!(d, DeviceSpec::Cpu(0));
         }
+    }
+
+    #[test]
+    fn machines_resolve_with_the_numbers() {
+        let two = Machine {
+            cuda_compiled: true,
+            gpus: 2,
+        };
+        assert_eq!(two.resolve(DeviceRequest::Auto), Ok(DeviceSpec::Cuda(0)));
+        assert_eq!(two.resolve(DeviceRequest::Cuda(1)), Ok(DeviceSpec::Cuda(1)));
+        let err = two.resolve(DeviceRequest::Cuda(3)).unwrap_err();
+        assert_eq!(err.to_string(), "this machine has 2 GPUs (cuda:0, cuda:1)");
+        let one = Machine { gpus: 1, ..two };
+        assert_eq!(
+            one.resolve(DeviceRequest::Cuda(1)).unwrap_err().to_string(),
+            "this machine has 1 GPU (cuda:0)"
+        );
+        let none = Machine { gpus: 0, ..two };
+        assert_eq!(none.resolve(DeviceRequest::Auto), Ok(DeviceSpec::Cpu(0)));
+        let cpu_only = Machine {
+            cuda_compiled: false,
+            gpus: 4,
+        };
+        assert_eq!(
+            cpu_only.resolve(DeviceRequest::Auto),
+            Ok(DeviceSpec::Cpu(0))
+        );
+        assert_eq!(
+            cpu_only.resolve(DeviceRequest::Cuda(0)),
+            Err(Unavailable::NoCudaBuild)
+        );
     }
 }

@@ -117,6 +117,14 @@ pub enum Code {
     Constraint,
     /// A `--set` argument that cannot be applied.
     BadOverride,
+    /// A CUDA device this machine or build does not have (with the number of GPUs).
+    DeviceUnavailable,
+    /// A node's `device` that is not one of the run's devices.
+    DeviceNotInRun,
+    /// `[run] devices` that repeats a device, mixes CPU and CUDA, holds `auto` or is empty.
+    BadDeviceList,
+    /// `[run] device` and `[run] devices` both given (also `--device` against a list).
+    DeviceConflict,
 }
 
 impl Code {
@@ -141,6 +149,10 @@ impl Code {
             Code::Cycle => "E0401",
             Code::Constraint => "E0501",
             Code::BadOverride => "E0601",
+            Code::DeviceUnavailable => "E0701",
+            Code::DeviceNotInRun => "E0702",
+            Code::BadDeviceList => "E0703",
+            Code::DeviceConflict => "E0704",
         }
     }
 
@@ -168,6 +180,19 @@ impl Code {
                 "constraint of a node or resource kind violated",
             ),
             (Code::BadOverride, "--set override cannot be applied"),
+            (
+                Code::DeviceUnavailable,
+                "device not available on this machine or build",
+            ),
+            (
+                Code::DeviceNotInRun,
+                "node placed outside the run's devices",
+            ),
+            (
+                Code::BadDeviceList,
+                "bad device list (duplicate, mixed cpu/cuda, auto)",
+            ),
+            (Code::DeviceConflict, "both `device` and `devices` given"),
         ]
     }
 }

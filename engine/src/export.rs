@@ -1,10 +1,12 @@
 //! Graph export (`flowrl graph FILE --format dot|mermaid|html|json`): node kinds, port types on the
-//! edges, resources (dashed edges to the nodes that use them) and device placement.
+//! edges, resources (dashed edges to the nodes that use them) and placement: each node's devices
+//! in this process (`cpu:0, cpu:1 · data-parallel` for a data-parallel node on all run devices,
+//! `cuda:1` for a node on one device).
 //!
 //! The HTML export is one self-contained file: an inline SVG drawn with a layered layout computed
 //! here (layer = longest path from a source), plus tables of parameters. No script, no CDN.
 
-use crate::device::DeviceSpec;
+use crate::device::device_list;
 use crate::graph::{Graph, NodeId};
 use crate::params::ParamType;
 use serde_json::json;
@@ -18,15 +20,24 @@ pub enum Format {
     Json,
 }
 
-/// Exports `graph`; `devices[i]` is node i's device (the placement shown).
-pub fn export(graph: &Graph, devices: &[DeviceSpec], format: Format) -> String {
+/// Exports `graph` with the placement it was compiled for (`graph.devices`).
+pub fn export(graph: &Graph, format: Format) -> String {
     match format {
-        Format::Dot => to_dot(graph, devices),
-        Format::Mermaid => to_mermaid(graph, devices),
-        Format::Html => to_html(graph, devices),
-        Format::Json => {
-            serde_json::to_string_pretty(&to_json(graph, devices)).expect("json") + "\n"
-        }
+        Format::Dot => to_dot(graph),
+        Format::Mermaid => to_mermaid(graph),
+        Format::Html => to_html(graph),
+        Format::Json => serde_json::to_string_pretty(&to_json(graph)).expect("json") + "\n",
+    }
+}
+
+/// Node `id`'s placement as shown: `cpu:0, cpu:1 · data-parallel` when it runs one replica on
+/// every run device, else its one device.
+pub fn placement_label(graph: &Graph, id: NodeId) -> String {
+    let devices = device_list(&graph.node_devices(id));
+    if graph.nodes[id].spans_run_devices() {
+        format!("{devices} · data-parallel")
+    } else {
+        devices
     }
 }
 
@@ -55,7 +66,7 @@ fn dot_str(s: &str) -> String {
     o
 }
 
-pub fn to_dot(graph: &Graph, devices: &[DeviceSpec]) -> String {
+pub fn to_dot(graph: &Graph) -> String {
     let mut s = String::new();
     s.push_str("digraph flowrl {\n  rankdir=LR;\n  node [shape=box, style=\"rounded,filled\", fillcolor=\"#eef3fb\", fontname=\"Helvetica\"];\n  edge [fontname=\"Helvetica\", fontsize=10];\n");
     for (i, n) in graph.nodes.iter().enumerate() {
@@ -63,7 +74,7 @@ pub fn to_dot(graph: &Graph, devices: &[DeviceSpec]) -> String {
             "{}\nkind: {}\ndevice: {}",
             n.name,
             n.kind.name(),
-            devices[i]
+            placement_label(graph, i)
         );
         let _ = writeln!(
             s,
@@ -130,7 +141,7 @@ fn mermaid_text(s: &str) -> String {
     s.replace('"', "#quot;")
 }
 
-pub fn to_mermaid(graph: &Graph, devices: &[DeviceSpec]) -> String {
+pub fn to_mermaid(graph: &Graph) -> String {
     let mut s = String::from("flowchart LR\n");
     for (i, n) in graph.nodes.iter().enumerate() {
         let _ = writeln!(
@@ -139,7 +150,7 @@ pub fn to_mermaid(graph: &Graph, devices: &[DeviceSpec]) -> String {
             mermaid_id("n", &n.name),
             mermaid_text(&n.name),
             mermaid_text(n.kind.name()),
-            devices[i]
+            mermaid_text(&placement_label(graph, i))
         );
     }
     for r in &graph.resources {
@@ -188,9 +199,11 @@ pub fn to_mermaid(graph: &Graph, devices: &[DeviceSpec]) -> String {
     s
 }
 
-pub fn to_json(graph: &Graph, devices: &[DeviceSpec]) -> serde_json::Value {
+pub fn to_json(graph: &Graph) -> serde_json::Value {
     json!({
         "run": graph.run,
+        "devices": graph.devices.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "world": graph.world,
         "resources": graph.resources.iter().map(|r| json!({
             "name": r.name,
             "kind": r.kind.name(),
@@ -200,7 +213,8 @@ pub fn to_json(graph: &Graph, devices: &[DeviceSpec]) -> serde_json::Value {
         "nodes": graph.nodes.iter().enumerate().map(|(i, n)| json!({
             "name": n.name,
             "kind": n.kind.name(),
-            "device": devices[i].to_string(),
+            "devices": graph.node_devices(i).iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "data_parallel": n.spans_run_devices(),
             "timing_key": n.timing_key,
             "params": n.params.as_map(),
             "resources": node_resources(graph, i).into_iter().map(|(p, r)| json!({"param": p, "resource": r})).collect::<Vec<_>>(),
@@ -243,7 +257,7 @@ fn layers(graph: &Graph) -> Vec<usize> {
     layer
 }
 
-pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
+pub fn to_html(graph: &Graph) -> String {
     const W: f64 = 210.0;
     const H: f64 = 72.0;
     const GX: f64 = 110.0;
@@ -358,7 +372,7 @@ pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
             esc(n.kind.name()),
             x + W / 2.0,
             y + 60.0,
-            esc(&devices[i].to_string())
+            esc(&placement_label(graph, i))
         );
     }
     for (k, r) in graph.resources.iter().enumerate() {
@@ -382,12 +396,12 @@ pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
     html.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>flowrl graph</title>\n<style>\nbody{font-family:Helvetica,Arial,sans-serif;margin:24px;color:#123}\ntable{border-collapse:collapse;margin:8px 0 20px}\ntd,th{border:1px solid #ccd;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}\nth{background:#eef3fb}\ncode{font-size:12px}\n.graph{overflow:auto;border:1px solid #ccd;padding:8px}\n</style>\n</head>\n<body>\n");
     let _ = writeln!(
         html,
-        "<h1>flowrl graph</h1>\n<p>{} nodes, {} resources; {} steps, seed {}, device <code>{}</code>.</p>",
+        "<h1>flowrl graph</h1>\n<p>{} nodes, {} resources; {} steps, seed {}, devices <code>{}</code>.</p>",
         graph.nodes.len(),
         graph.resources.len(),
         graph.run.steps,
         graph.run.seed,
-        esc(&graph.run.device)
+        esc(&device_list(&graph.devices))
     );
     let _ = writeln!(html, "<div class=\"graph\">\n{svg}</div>");
     html.push_str("<h2>Nodes</h2>\n<table>\n<tr><th>node</th><th>kind</th><th>device</th><th>inputs</th><th>outputs</th><th>parameters</th></tr>\n");
@@ -414,7 +428,7 @@ pub fn to_html(graph: &Graph, devices: &[DeviceSpec]) -> String {
             "<tr><td><b>{}</b></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&n.name),
             esc(n.kind.name()),
-            esc(&devices[i].to_string()),
+            esc(&placement_label(graph, i)),
             inputs.join("<br>"),
             outputs.join("<br>"),
             params_cell(n.params.as_map())

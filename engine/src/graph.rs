@@ -1,10 +1,10 @@
 //! The typed graph: the output of the compiler and the input of the scheduler.
 //!
 //! Every node has a resolved kind, validated parameters (defaults filled), typed input edges and a
-//! device; resources likewise. `order` is a topological order of the nodes; `dag` is the same
+//! placement (its devices, resolved on the machine the graph was compiled for); resources likewise. `order` is a topological order of the nodes; `dag` is the same
 //! dependency structure as a petgraph graph (used for cycle reports and export).
 
-use crate::device::DeviceRequest;
+use crate::device::DeviceSpec;
 use crate::diagnostic::{SourceMap, Span};
 use crate::node::NodeKind;
 use crate::params::Params;
@@ -56,11 +56,25 @@ pub struct GraphNode {
     pub kind: Arc<dyn NodeKind>,
     pub params: Params,
     pub inputs: Vec<Edge>,
-    /// `device = "..."` on the node; `None` uses the run's device.
-    pub device: Option<DeviceRequest>,
+    /// `device = "..."` on the node (one of the run's devices); `None`: the node runs on the run's
+    /// devices (all of them for a data-parallel kind, the first one otherwise).
+    pub device: Option<DeviceSpec>,
     /// `timing_s/<timing_key>` in the metrics.
     pub timing_key: String,
     pub spans: SpanIndex,
+}
+
+impl GraphNode {
+    /// The devices this node runs on in a process whose devices are `run_devices`.
+    pub fn devices(&self, run_devices: &[DeviceSpec]) -> Vec<DeviceSpec> {
+        crate::placement::node_devices(self.kind.data_parallel(), self.device, run_devices)
+    }
+
+    /// True when the node runs one replica per run device (a data-parallel kind not pinned to
+    /// one device).
+    pub fn spans_run_devices(&self) -> bool {
+        self.kind.data_parallel() && self.device.is_none()
+    }
 }
 
 pub struct GraphResource {
@@ -77,7 +91,11 @@ pub struct GraphResource {
 pub struct RunConfig {
     pub steps: u64,
     pub seed: u64,
+    /// `auto` | `cpu[:N]` | `cuda[:N]` (default `auto`); meaningless when `devices` is given.
     pub device: String,
+    /// The devices of this process (`["cuda:0", "cuda:1"]`), instead of `device`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<String>>,
     /// Default run directory (a fresh timestamped directory under `runs/` when absent).
     pub out: Option<String>,
     /// Write a checkpoint every N steps (0: never; the last step is always checkpointed when N > 0).
@@ -95,6 +113,11 @@ pub struct Graph {
     pub run: RunConfig,
     pub nodes: Vec<GraphNode>,
     pub resources: Vec<GraphResource>,
+    /// The run's devices in this process, resolved on the machine the graph was compiled for
+    /// (`[run] devices`, or the one `[run] device`); never empty.
+    pub devices: Vec<DeviceSpec>,
+    /// Processes of the run the graph was checked for (1 for a single-process run).
+    pub world: usize,
     /// Nodes in a topological order.
     pub order: Vec<NodeId>,
     pub dag: petgraph::graph::DiGraph<NodeId, ()>,
@@ -106,5 +129,10 @@ pub struct Graph {
 impl Graph {
     pub fn node_id(&self, name: &str) -> Option<NodeId> {
         self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// Node `id`'s devices in this process (see [`GraphNode::devices`]).
+    pub fn node_devices(&self, id: NodeId) -> Vec<DeviceSpec> {
+        self.nodes[id].devices(&self.devices)
     }
 }

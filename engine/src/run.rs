@@ -4,8 +4,9 @@
 //! A resumed run restores the newest checkpoint and continues at the following step; because every
 //! random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
 
-use crate::device::DeviceRequest;
+use crate::device::device_list;
 use crate::graph::Graph;
+use crate::placement::Cluster;
 use crate::progress::{Progress, ProgressMode};
 use crate::rundir::{RUN_FILE, RunDir};
 use crate::session::Session;
@@ -25,6 +26,8 @@ pub struct RunOptions {
     /// Replace a run already in `out`.
     pub force: bool,
     pub progress: ProgressMode,
+    /// The processes of a multi-process run (`None`: this process is the whole run).
+    pub cluster: Option<Cluster>,
 }
 
 #[derive(Clone, Debug)]
@@ -36,8 +39,9 @@ pub struct RunSummary {
     pub plot: Option<PathBuf>,
 }
 
-/// Where a new run goes when `--out` is not given.
-pub fn default_run_dir(graph: &Graph, graph_file: Option<&Path>) -> PathBuf {
+/// Where a new run goes when `--out` is not given. Each process of a multi-process run writes
+/// its own directory: `rank` (given when the run has several processes) adds a `-rankR` suffix.
+pub fn default_run_dir(graph: &Graph, graph_file: Option<&Path>, rank: Option<usize>) -> PathBuf {
     let base = match &graph.run.out {
         Some(o) => PathBuf::from(o),
         None => {
@@ -47,38 +51,54 @@ pub fn default_run_dir(graph: &Graph, graph_file: Option<&Path>) -> PathBuf {
             Path::new("runs").join(stem)
         }
     };
-    RunDir::fresh_path(&base)
+    let fresh = RunDir::fresh_path(&base);
+    let Some(rank) = rank else {
+        return fresh;
+    };
+    let name = fresh
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().to_string());
+    let mut p = base.join(format!("{name}-rank{rank}"));
+    let mut k = 2;
+    while p.exists() {
+        p = base.join(format!("{name}-{k}-rank{rank}"));
+        k += 1;
+    }
+    p
 }
 
 /// Runs the graph to its last step.
 pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
-    let device = graph
-        .run
-        .device
-        .parse::<DeviceRequest>()
-        .map_err(anyhow::Error::msg)?
-        .resolve()
-        .map_err(anyhow::Error::msg)?;
+    let devices = graph.devices.clone();
+    let rank = opts.cluster.as_ref().map(|c| c.rank);
     let dir = match (&opts.out, opts.resume) {
         (Some(p), true) => RunDir::open(p)?,
         (None, true) => anyhow::bail!("--resume needs the run directory"),
         (Some(p), false) => RunDir::create(p, opts.force)?,
         (None, false) => {
-            RunDir::create(&default_run_dir(&graph, opts.graph_file.as_deref()), false)?
+            let path = default_run_dir(&graph, opts.graph_file.as_deref(), rank);
+            RunDir::create(&path, false)?
         }
     };
     let total = graph.run.steps;
     let every = graph.run.checkpoint_every;
     let keep = graph.run.keep_checkpoints as usize;
     let plot = graph.run.plot;
-    let mut session = Session::build(graph, device, Some(dir.path.clone()))?;
+    let mut session = Session::build(
+        graph,
+        devices.clone(),
+        opts.cluster.clone(),
+        Some(dir.path.clone()),
+    )?;
     // Written once the graph has built, so that a failed build (a missing model directory, ...)
     // leaves no "run" behind that would block the next attempt.
     std::fs::write(dir.graph_file(), &session.graph.resolved)
         .with_context(|| format!("writing {}", dir.graph_file().display()))?;
     let run_info = serde_json::json!({
         "graph_file": opts.graph_file.as_ref().map(|p| p.display().to_string()),
-        "device": device.to_string(),
+        "devices": device_list(&devices),
+        "rank": rank.unwrap_or(0),
+        "world": opts.cluster.as_ref().map_or(1, |c| c.world),
         "flowrl_version": env!("CARGO_PKG_VERSION"),
         "steps": session.graph.run.steps,
         "seed": session.graph.run.seed,

@@ -11,9 +11,10 @@
 //! ```
 
 use crate::context::BuildContext;
-use crate::device::DeviceSpec;
+use crate::device::{DeviceSpec, device_list};
 use crate::graph::Graph;
 use crate::node::Node;
+use crate::placement::{Cluster, Placement};
 use crate::resource::Resources;
 use crate::scheduler::{self, Event, NodeReport, StepEnv, WorkerPool};
 use anyhow::{Context as _, bail};
@@ -43,19 +44,64 @@ pub struct Session {
     pub graph: Graph,
     nodes: Vec<Option<Box<dyn Node>>>,
     resources: Arc<Resources>,
-    devices: Vec<DeviceSpec>,
+    placements: Vec<Placement>,
+    /// Each node's first device (what its `StepContext::device` reports).
+    first_devices: Vec<DeviceSpec>,
     pool: WorkerPool,
     run_dir: Option<PathBuf>,
 }
 
 impl Session {
-    /// Builds resources (in dependency order) and nodes. `device` is the run's device; nodes with
-    /// their own `device` key resolve it here.
+    /// Builds resources (in dependency order) and nodes for a process whose devices are `devices`
+    /// (usually `graph.devices.clone()`) in the run described by `cluster` (`None`: this process
+    /// is the whole run). Each node gets its [`Placement`]: a node pinned with `device` runs on
+    /// that device, which must be among `devices`; a data-parallel kind runs on all of
+    /// `devices`; any other kind, and every resource, on the first.
+    ///
+    /// When `devices` or the cluster's size differ from what the graph was compiled for, the
+    /// kinds' constraints are checked again for the new replica count (and fail the build).
     pub fn build(
-        graph: Graph,
-        device: DeviceSpec,
+        mut graph: Graph,
+        devices: Vec<DeviceSpec>,
+        cluster: Option<Cluster>,
         run_dir: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
+        let Some(&first) = devices.first() else {
+            bail!("a session needs at least one device");
+        };
+        let world = cluster.as_ref().map_or(1, |c| c.world);
+        if let Some(c) = &cluster
+            && c.rank >= c.world
+        {
+            bail!("rank {} is not below the world size {}", c.rank, c.world);
+        }
+        for n in &graph.nodes {
+            if let Some(d) = n.device
+                && !devices.contains(&d)
+            {
+                bail!(
+                    "node `{}` is placed on {d}, which is not one of the session's devices [{}]",
+                    n.name,
+                    device_list(&devices)
+                );
+            }
+        }
+        if devices != graph.devices || world != graph.world {
+            graph.devices = devices.clone();
+            graph.world = world;
+            let errors: Vec<_> = crate::compile::check_constraints(&graph)
+                .into_iter()
+                .filter(crate::diagnostic::Diagnostic::is_error)
+                .collect();
+            if !errors.is_empty() {
+                bail!(
+                    "the graph does not fit {} replica(s) per node on [{}] × {world} process(es):\n{}",
+                    devices.len(),
+                    device_list(&devices),
+                    crate::diagnostic::render(&errors, &graph.sources)
+                );
+            }
+        }
         let seed = graph.run.seed;
         let total_steps = graph.run.steps;
         let mut resources = Resources::default();
@@ -67,8 +113,11 @@ impl Session {
             let r = &graph.resources[next];
             let ctx = BuildContext {
                 node: r.name.clone(),
-                device,
-                placement: crate::Placement::single(device),
+                device: first,
+                placement: Placement {
+                    devices: vec![first],
+                    cluster: cluster.clone(),
+                },
                 seed,
                 total_steps,
                 resources: Arc::new(resources.clone()),
@@ -82,22 +131,21 @@ impl Session {
             built[next] = true;
         }
         let resources = Arc::new(resources);
-        let mut devices = Vec::with_capacity(graph.nodes.len());
-        for n in &graph.nodes {
-            let d = match n.device {
-                None => device,
-                Some(req) => req
-                    .resolve()
-                    .map_err(|e| anyhow::anyhow!("node `{}`: {e}", n.name))?,
-            };
-            devices.push(d);
-        }
+        let placements: Vec<Placement> = graph
+            .nodes
+            .iter()
+            .map(|n| Placement {
+                devices: n.devices(&devices),
+                cluster: cluster.clone(),
+            })
+            .collect();
+        let first_devices: Vec<DeviceSpec> = placements.iter().map(|p| p.devices[0]).collect();
         let mut nodes = Vec::with_capacity(graph.nodes.len());
         for (i, n) in graph.nodes.iter().enumerate() {
             let ctx = BuildContext {
                 node: n.name.clone(),
-                device: devices[i],
-                placement: crate::Placement::single(devices[i]),
+                device: first_devices[i],
+                placement: placements[i].clone(),
                 seed,
                 total_steps,
                 resources: resources.clone(),
@@ -117,7 +165,8 @@ impl Session {
             graph,
             nodes,
             resources,
-            devices,
+            placements,
+            first_devices,
             pool: WorkerPool::new(workers),
             run_dir,
         })
@@ -127,9 +176,9 @@ impl Session {
         &self.resources
     }
 
-    /// The device each node runs on, by node index.
-    pub fn devices(&self) -> &[DeviceSpec] {
-        &self.devices
+    /// Where each node runs, by node index.
+    pub fn placements(&self) -> &[Placement] {
+        &self.placements
     }
 
     /// Runs step `step` (0-based).
@@ -143,7 +192,7 @@ impl Session {
             step,
             total_steps: self.graph.run.steps,
             seed: self.graph.run.seed,
-            devices: &self.devices,
+            devices: &self.first_devices,
             resources: &self.resources,
             run_dir: self.run_dir.as_ref(),
         };

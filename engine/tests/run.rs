@@ -59,7 +59,7 @@ fn independent_nodes_run_concurrently() {
          [nodes.sum]\nkind = \"test.add\"\ninputs = { a = \"x.n\", b = \"y.n\" }\n",
         &[],
     );
-    let mut s = Session::build(g, DeviceSpec::Cpu, None).unwrap();
+    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
     // With sequential execution the first rendezvous would wait forever.
     let r = s.run_step(0, &mut |_| {}).unwrap();
     assert_eq!(r.metrics["add/sum"], 0.0);
@@ -74,7 +74,7 @@ fn failing_node_names_itself_and_the_cause() {
          [nodes.sink]\nkind = \"test.sink\"\ninputs = { scores = \"score.scores\" }\nfail_at = 2\n",
         &[],
     );
-    let mut s = Session::build(g, DeviceSpec::Cpu, None).unwrap();
+    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
     s.run_step(0, &mut |_| {}).unwrap();
     let e = format!("{:#}", s.run_step(1, &mut |_| {}).unwrap_err());
     assert_eq!(
@@ -95,7 +95,7 @@ fn skipped_producer_skips_required_consumers_but_not_optional_ones() {
          [nodes.after]\nkind = \"test.score\"\ninputs = { n = \"req.sum\" }\n",
         &[],
     );
-    let mut s = Session::build(g, DeviceSpec::Cpu, None).unwrap();
+    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
     let r0 = s.run_step(0, &mut |_| {}).unwrap();
     assert!(r0.nodes.iter().all(|n| !n.skipped));
     let r1 = s.run_step(1, &mut |_| {}).unwrap();
@@ -131,6 +131,7 @@ fn resume_reproduces_the_uninterrupted_run_exactly() {
         resume,
         force: false,
         progress: ProgressMode::Quiet,
+        cluster: None,
     };
     let full = tmp.path().join("full");
     let s = run(graph(&reg, TRAIN, &[]), &opts(&full, false)).unwrap();
@@ -186,6 +187,7 @@ fn run_dir_holding_a_run_is_refused_unless_forced() {
         resume: false,
         force: false,
         progress: ProgressMode::Quiet,
+        cluster: None,
     };
     run(graph(&reg, TRAIN, &["run.steps=1"]), &o).unwrap();
     let e = run(graph(&reg, TRAIN, &["run.steps=1"]), &o)
@@ -205,8 +207,7 @@ fn run_dir_holding_a_run_is_refused_unless_forced() {
 #[test]
 fn exports_show_kinds_types_resources_devices() {
     let g = graph(&testkit::registry(), TRAIN, &[]);
-    let devices = vec![DeviceSpec::Cpu; g.nodes.len()];
-    let dot = export(&g, &devices, Format::Dot);
+    let dot = export(&g, Format::Dot);
     assert!(dot.starts_with("digraph flowrl {\n") && dot.ends_with("}\n"));
     assert!(
         dot.contains("\"n:add\" -> \"n:score\" [label=\"sum → n\\nNumbers\"];"),
@@ -216,7 +217,7 @@ fn exports_show_kinds_types_resources_devices() {
         dot.contains("\"r:policy\" -> \"n:train\" [style=dashed"),
         "{dot}"
     );
-    assert!(dot.contains("kind: test.train\\ndevice: cpu"), "{dot}");
+    assert!(dot.contains("kind: test.train\\ndevice: cpu:0\""), "{dot}");
     // Structure: every line between the braces is one `;`-terminated statement with balanced
     // (unescaped) quotes and brackets.
     for line in dot.lines().skip(1).take_while(|l| *l != "}") {
@@ -250,19 +251,18 @@ fn exports_show_kinds_types_resources_devices() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let mm = export(&g, &devices, Format::Mermaid);
+    let mm = export(&g, Format::Mermaid);
     assert!(
         mm.starts_with("flowchart LR\n")
             && mm.contains("n_add -- \"Numbers: sum → n\" --> n_score"),
         "{mm}"
     );
-    let html = export(&g, &devices, Format::Html);
+    let html = export(&g, Format::Html);
     assert!(html.contains("<svg") && html.contains("test.train") && html.contains("Numbers"));
     assert!(
         !html.contains("<script") && !html.contains("https://") && !html.contains("src=\"http")
     );
-    let json: serde_json::Value =
-        serde_json::from_str(&export(&g, &devices, Format::Json)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&export(&g, Format::Json)).unwrap();
     assert_eq!(json["nodes"][4]["resources"][0]["resource"], "policy");
     assert_eq!(json["nodes"][2]["inputs"][0]["type"], "Numbers");
 }
@@ -277,6 +277,7 @@ fn a_failed_build_leaves_no_run_behind() {
         resume: false,
         force: false,
         progress: ProgressMode::Quiet,
+        cluster: None,
     };
     let g = || graph(&reg, "[nodes.x]\nkind = \"test.unbuildable\"\n", &[]);
     let e = format!("{:#}", run(g(), &o).unwrap_err());

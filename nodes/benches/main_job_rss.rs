@@ -44,7 +44,7 @@ fn main() {
         Ok(g) => g,
         Err(f) => panic!("{}", f.render()),
     };
-    let mut session = Session::build(graph, DeviceSpec::Cpu, None).unwrap();
+    let mut session = Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
     let mut at = Vec::new();
     for step in 0..50 {
         session.run_step(step, &mut |_| {}).unwrap();

@@ -345,8 +345,8 @@ mod tests {
     fn ctx() -> BuildContext {
         BuildContext {
             node: "data".into(),
-            device: DeviceSpec::Cpu,
-            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu),
+            device: DeviceSpec::Cpu(0),
+            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu(0)),
             seed: 1,
             total_steps: 10,
             resources: Arc::new(Resources::default()),
@@ -370,7 +370,7 @@ mod tests {
             0,
             10,
             1,
-            DeviceSpec::Cpu,
+            DeviceSpec::Cpu(0),
             Arc::new(Resources::default()),
         );
         node.run(&Inputs::new("data"), &mut step).unwrap();

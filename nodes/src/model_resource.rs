@@ -332,7 +332,7 @@ impl ResourceKind for ModelKind {
         // The built-in nodes compute on `crate::backend` (Flex, CPU) only; running a model on a
         // CUDA device needs CUDA-generic nodes (issue 9). Say so instead of silently using the CPU.
         ensure!(
-            ctx.device == flowrl_engine::DeviceSpec::Cpu,
+            matches!(ctx.device, flowrl_engine::DeviceSpec::Cpu(_)),
             "model `{}`: device {} is not supported by the built-in nodes yet (they compute on \
              the CPU backend); run with `--device cpu`",
             ctx.node,

@@ -206,8 +206,8 @@ pub(crate) mod test_support {
     pub fn build_ctx(node: &str) -> flowrl_engine::BuildContext {
         flowrl_engine::BuildContext {
             node: node.into(),
-            device: DeviceSpec::Cpu,
-            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu),
+            device: DeviceSpec::Cpu(0),
+            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu(0)),
             seed: 7,
             total_steps: 1,
             resources: Arc::new(Resources::default()),
@@ -222,7 +222,7 @@ pub(crate) mod test_support {
             0,
             1,
             7,
-            DeviceSpec::Cpu,
+            DeviceSpec::Cpu(0),
             Arc::new(Resources::default()),
         )
     }

@@ -110,8 +110,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ctx = BuildContext {
             node: "sink".into(),
-            device: DeviceSpec::Cpu,
-            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu),
+            device: DeviceSpec::Cpu(0),
+            placement: flowrl_engine::Placement::single(DeviceSpec::Cpu(0)),
             seed: 0,
             total_steps: 3,
             resources: Arc::new(Resources::default()),
@@ -133,7 +133,7 @@ mod tests {
                 step,
                 3,
                 0,
-                DeviceSpec::Cpu,
+                DeviceSpec::Cpu(0),
                 Arc::new(Resources::default()),
             );
             node.run(&inputs, &mut sc).unwrap();

@@ -190,7 +190,7 @@ fn check_fails(text: &str) -> String {
 fn session(text: &str, collect: &Collect) -> Session {
     let (graph, _) = compile(&registry(collect), "graph.toml", text, &[])
         .unwrap_or_else(|f| panic!("{}", f.render()));
-    Session::build(graph, DeviceSpec::Cpu, None).unwrap()
+    Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap()
 }
 
 fn step(s: &mut Session, i: u64) -> anyhow::Result<StepReport> {
@@ -327,7 +327,7 @@ fn the_graph_and_its_export_show_the_programs_ports() {
     assert_eq!(outs, vec![("scores".to_string(), "Scores")]);
     let params: Vec<String> = kind.params().iter().map(|p| p.name.clone()).collect();
     assert!(params.contains(&"params".to_string()) && params.contains(&"timeout_s".to_string()));
-    let json = flowrl_engine::export::to_json(&g, &[DeviceSpec::Cpu; 3]);
+    let json = flowrl_engine::export::to_json(&g);
     let node = json["nodes"]
         .as_array()
         .unwrap()
@@ -772,7 +772,7 @@ inputs = {{ adv = "adv.advantages", lp = "adv.logp" }}
     };
     let (g, _) = compile(&registry(), "graph.toml", &text(""), &[])
         .unwrap_or_else(|f| panic!("{}", f.render()));
-    let mut s = Session::build(g, DeviceSpec::Cpu, None).unwrap();
+    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
     s.run_step(0, &mut |_| {}).unwrap();
     let got = sink.0.lock().unwrap().clone();
     let value = |port: &str| got.iter().find(|(p, _)| p == port).unwrap().1.clone();
@@ -814,7 +814,7 @@ inputs = {{ adv = "adv.advantages", lp = "adv.logp" }}
         &[],
     )
     .unwrap();
-    let mut s = Session::build(g, DeviceSpec::Cpu, None).unwrap();
+    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
     let e = format!("{:#}", s.run_step(0, &mut |_| {}).unwrap_err());
     assert!(
         e.contains(

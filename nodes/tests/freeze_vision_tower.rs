@@ -24,7 +24,7 @@ fn session(text: &str) -> Session {
         Ok(g) => g,
         Err(f) => panic!("{}", f.render()),
     };
-    Session::build(graph, DeviceSpec::Cpu, None).unwrap()
+    Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap()
 }
 
 /// Every weight of the policy by checkpoint name.

@@ -355,6 +355,66 @@ pub fn registry() -> Registry {
         .with_kind(Every)
         .with_resource_kind(WeightKind)
         .with_kind(Train)
+        .with_kind(Shard)
+}
+
+/// A data-parallel kind: its upstream source's numbers are split over all replicas, so their
+/// `count` must divide evenly over `world_replicas` (checked by `validate`, as a real update
+/// checks its mini-batch rows). Reports its placement as metrics.
+pub struct Shard;
+impl NodeKind for Shard {
+    fn name(&self) -> &str {
+        "test.shard"
+    }
+    fn doc(&self) -> &str {
+        "numbers split over replicas"
+    }
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![PortSpec::new("n", NUMBERS)]
+    }
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![]
+    }
+    fn params(&self) -> Vec<ParamSpec> {
+        vec![]
+    }
+    fn data_parallel(&self) -> bool {
+        true
+    }
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let Some(src) = ctx
+            .node()
+            .and_then(|n| n.find_upstream(|k| k == "test.source"))
+        else {
+            return vec![];
+        };
+        let count = src.params().get_i64("count").unwrap() as usize;
+        let replicas = ctx.world_replicas();
+        if !count.is_multiple_of(replicas) {
+            return vec![ctx.error(
+                "inputs.n",
+                format!(
+                    "count {count} of `{}` does not split over {replicas} replicas ({} devices × {} processes)",
+                    src.name(),
+                    ctx.devices().len(),
+                    ctx.world()
+                ),
+            )];
+        }
+        vec![]
+    }
+    fn build(&self, _: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        Ok(Box::new(ShardNode(ctx.placement.clone())))
+    }
+}
+struct ShardNode(Placement);
+impl Node for ShardNode {
+    fn run(&mut self, _: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
+        ctx.metric("shard/local_replicas", self.0.local_replicas() as f64);
+        ctx.metric("shard/world_replicas", self.0.world_replicas() as f64);
+        ctx.metric("shard/first_replica", self.0.first_replica() as f64);
+        Ok(Outputs::new())
+    }
 }
 
 /// A kind whose build always fails (a missing file, say).
