@@ -450,9 +450,13 @@ impl Compiler<'_> {
                 .resolve_run_device(req, one.value.span)
                 .map(|d| vec![d]);
         };
+        // Not an array of strings: reported by the schema check.
         let SKind::Array(items) = &list.value.kind else {
             return None;
         };
+        if items.iter().any(|i| i.as_str().is_none()) {
+            return None;
+        }
         if items.is_empty() {
             self.diags.push(
                 Diagnostic::error(Code::BadDeviceList, "`[run] devices` is empty")
@@ -467,7 +471,8 @@ impl Compiler<'_> {
         // written, before each is looked up on the target machine.
         let mut listed: Vec<(DeviceRequest, DeviceSpec, Span)> = Vec::new();
         for item in items {
-            let Some(req) = item.as_str().and_then(|s| self.parse_device(s, item.span)) else {
+            let Some(req) = self.parse_device(item.as_str().expect("checked above"), item.span)
+            else {
                 continue;
             };
             let d = match req {

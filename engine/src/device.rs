@@ -176,15 +176,6 @@ impl Unavailable {
     }
 }
 
-impl DeviceRequest {
-    /// Resolves the request on this machine; an error says why a CUDA device is unavailable.
-    pub fn resolve(self) -> Result<DeviceSpec, String> {
-        Machine::detect()
-            .resolve(self)
-            .map_err(|why| format!("device {self} requested, but {why} ({})", why.help()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,14 +190,17 @@ mod tests {
         for bad in ["gpu", "cuda:x", "cpu:", "cpu:-1", "CPU"] {
             assert!(bad.parse::<DeviceRequest>().is_err(), "{bad}");
         }
-        assert_eq!(DeviceRequest::Cpu(2).resolve(), Ok(DeviceSpec::Cpu(2)));
+        assert_eq!(
+            Machine::detect().resolve(DeviceRequest::Cpu(2)),
+            Ok(DeviceSpec::Cpu(2))
+        );
         assert_eq!(DeviceSpec::Cpu(0).to_string(), "cpu:0");
         assert_eq!(DeviceSpec::Cuda(1).to_string(), "cuda:1");
     }
 
     #[test]
     fn auto_falls_back_to_cpu_without_cuda() {
-        let d = DeviceRequest::Auto.resolve().unwrap();
+        let d = Machine::detect().resolve(DeviceRequest::Auto).unwrap();
         if !cuda_compiled() || gpu_count() == 0 {
             assert_eq!(d, DeviceSpec::Cpu(0));
         }
