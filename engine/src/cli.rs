@@ -94,12 +94,12 @@ pub struct ClusterArgs {
     /// Number of processes of the run (data-parallel nodes all-reduce across all of them).
     #[arg(long, value_name = "W", default_value_t = 1)]
     pub world: usize,
-    /// The orchestrator (`flowrl orchestrator --port PORT`), as ws://HOST:PORT. Needed when
-    /// --world > 1.
+    /// The orchestrator (`flowrl orchestrator --port PORT`), as ws://HOST:PORT. Needed by `run`
+    /// when --world > 1.
     #[arg(long, value_name = "ws://HOST:PORT")]
     pub orchestrator: Option<String>,
     /// Where the other processes reach this one, as ws://HOST:PORT (PORT serves its tensors).
-    /// Needed when --world > 1.
+    /// Needed by `run` when --world > 1.
     #[arg(long, value_name = "ws://HOST:PORT")]
     pub node_address: Option<String>,
     /// Seconds a collective operation waits for the other processes before the run stops with an
@@ -118,6 +118,20 @@ impl ClusterArgs {
             self.node_address.as_deref(),
             Duration::from_secs(self.collective_timeout),
         )
+    }
+
+    /// The number of processes `validate` checks the graph for: the flags are checked as for
+    /// `run`, except that `validate` connects to nothing and so needs no addresses.
+    pub fn world_to_validate(&self) -> Result<usize, String> {
+        const NOWHERE: &str = "ws://localhost:1";
+        Cluster::from_flags(
+            self.rank,
+            self.world,
+            Some(self.orchestrator.as_deref().unwrap_or(NOWHERE)),
+            Some(self.node_address.as_deref().unwrap_or(NOWHERE)),
+            Duration::from_secs(self.collective_timeout),
+        )
+        .map(|c| c.map_or(1, |c| c.world))
     }
 }
 
@@ -273,18 +287,16 @@ fn load(
     }
 }
 
-/// The cluster of `run`/`validate`; bad flags are a usage error (exit code 2).
-fn cluster_of(args: &ClusterArgs) -> Result<Option<Cluster>, ExitCode> {
-    args.cluster().map_err(|msg| {
-        eprintln!("error: {msg}");
-        ExitCode::from(2)
-    })
+/// Bad cluster flags are a usage error (exit code 2).
+fn usage_error(msg: String) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(2)
 }
 
 fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
-    let cluster = match cluster_of(&a.cluster) {
+    let cluster = match a.cluster.cluster() {
         Ok(c) => c,
-        Err(code) => return Ok(code),
+        Err(msg) => return Ok(usage_error(msg)),
     };
     let world = cluster.as_ref().map_or(1, |c| c.world);
     let extra: Vec<Override> = a
@@ -335,9 +347,9 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
 }
 
 fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
-    let world = match cluster_of(&a.cluster) {
-        Ok(c) => c.map_or(1, |c| c.world),
-        Err(code) => return Ok(code),
+    let world = match a.cluster.world_to_validate() {
+        Ok(w) => w,
+        Err(msg) => return Ok(usage_error(msg)),
     };
     let graph = match load(registry, &a.graph, &a.input, Vec::new(), world)? {
         Ok(g) => g,
