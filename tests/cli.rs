@@ -144,6 +144,10 @@ fn nodes_lists_and_describes_kinds() {
         t.contains("Parameters:\n  path : path, default \"values.jsonl\""),
         "{t}"
     );
+    assert!(
+        t.contains("Placement: once per process, on the run's first device (or its `device`)"),
+        "{t}"
+    );
     let out = flowrl(&["nodes", "sink.json"]);
     assert_eq!(out.status.code(), Some(78));
     assert!(text(&out.stderr).contains("did you mean `sink.jsonl`?"));
