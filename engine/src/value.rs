@@ -36,8 +36,13 @@ impl Payload {
     }
 
     pub fn opaque<T: Any + Send + Sync>(value: T) -> Self {
+        Self::opaque_arc(Arc::new(value))
+    }
+
+    /// A value already shared (no copy), that cannot be serialized.
+    pub fn opaque_arc<T: Any + Send + Sync>(value: Arc<T>) -> Self {
         Payload {
-            data: Arc::new(value),
+            data: value,
             type_name: std::any::type_name::<T>(),
             to_json: None,
         }
@@ -190,6 +195,13 @@ impl Outputs {
     pub fn with_value(mut self, port: impl Into<String>, value: &Value) -> Self {
         self.values.insert(port.into(), value.payload.clone());
         self
+    }
+
+    /// The value of output `port` as a `T` (tools and tests that run nodes by hand).
+    pub fn get_arc<T: Any + Send + Sync>(&self, port: &str) -> Option<Arc<T>> {
+        self.values
+            .get(port)
+            .and_then(|p| p.data.clone().downcast::<T>().ok())
     }
 
     /// The node did nothing this step (e.g. evaluation between its intervals). Nodes downstream

@@ -15,8 +15,10 @@
 //! log-probs.
 //!
 //! Gradients: generation must run on a backend without autodiff (pass the inner model, e.g.
-//! `AutodiffModule::valid()`); nothing here builds a graph. Determinism: given the same RNG state
-//! the draws are the same (rows are sampled in batch order, one uniform per sampled token).
+//! `AutodiffModule::valid()`); nothing here builds a graph. Determinism: every row draws from its
+//! own RNG (one uniform per sampled token), so a row's response depends on its RNG and its prompt
+//! only, not on which other rows share the batch: a batch split over data-parallel replicas
+//! samples what the whole batch would (up to float rounding of the batched forward passes).
 //!
 //! The caller asks for capabilities ([`ModelParts`]); no family name appears here.
 
@@ -87,15 +89,22 @@ pub struct Generation {
 }
 
 /// Generates one response per prompt. See the module doc.
-pub fn generate<B: Backend, R: Rng + ?Sized>(
+///
+/// `rngs` holds one RNG per prompt.
+pub fn generate<B: Backend, R: Rng>(
     model: &ModelParts<'_, B>,
     prompts: &[PromptInput<'_>],
     config: &GenerationConfig,
-    rng: &mut R,
+    rngs: &mut [R],
     device: &B::Device,
 ) -> Result<Generation> {
     config.sampling.validate()?;
     let batch = prompts.len();
+    ensure!(
+        rngs.len() == batch,
+        "generate: {} RNGs for {batch} prompts (one per prompt)",
+        rngs.len()
+    );
     let mut out = Generation {
         tokens: vec![Vec::new(); batch],
         log_probs: vec![Vec::new(); batch],
@@ -178,7 +187,7 @@ pub fn generate<B: Backend, R: Rng + ?Sized>(
                     *x = f32::NEG_INFINITY;
                 }
             }
-            let s = sample(&logits[slot], &config.sampling, rng)?;
+            let s = sample(&logits[slot], &config.sampling, &mut rngs[row])?;
             out.tokens[row].push(s.token);
             out.log_probs[row].push(s.log_prob);
             if stops.contains(&s.token) {

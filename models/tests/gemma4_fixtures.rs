@@ -543,8 +543,10 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
             pad_token_id: 0,
             suppress_token_ids: vec![],
         };
-        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
-        let generation = generate(&parts, &inputs, &config, &mut rng, &dev).unwrap();
+        let mut rngs: Vec<_> = (0..inputs.len())
+            .map(|i| rand::rngs::StdRng::seed_from_u64(i as u64))
+            .collect();
+        let generation = generate(&parts, &inputs, &config, &mut rngs, &dev).unwrap();
         let gen_tokens: Vec<i64> = generation
             .tokens
             .concat()
@@ -568,7 +570,7 @@ fn gemma4_greedy_decoding_through_kv_cache_matches_transformers() {
                 stop_token_ids: vec![stop as u32],
                 ..config
             };
-            let generation = generate(&parts, &inputs, &config, &mut rng, &dev).unwrap();
+            let generation = generate(&parts, &inputs, &config, &mut rngs, &dev).unwrap();
             assert_eq!(generation.tokens[0], vec![rows[0][0] as u32, stop as u32]);
             assert!(generation.stopped[0]);
             for (r, row) in rows.iter().enumerate().skip(1) {

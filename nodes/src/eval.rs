@@ -19,6 +19,7 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
+use crate::data_parallel::Replicas;
 use crate::model_resource::ModelResource;
 use crate::rollout::{RolloutParams, generation_param_specs, sample_rollouts, stop_token_ids};
 use crate::values::{PromptBatch, port_types};
@@ -138,8 +139,14 @@ impl Node for EvalNode {
         let mut lengths = 0usize;
         let mut total = 0usize;
         for chunk in split(&prompts, self.p.batch_size) {
-            let rollouts =
-                sample_rollouts(&self.model, &Arc::new(chunk), &params, &self.stop_ids, ctx)?;
+            let rollouts = sample_rollouts(
+                &self.model,
+                &Arc::new(chunk),
+                &params,
+                &self.stop_ids,
+                &Replicas::single(),
+                ctx,
+            )?;
             for r in 0..rollouts.len() {
                 let s = self
                     .reward

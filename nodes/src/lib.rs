@@ -13,6 +13,7 @@ pub mod advantage_reinforce_pp_baseline;
 pub mod advantage_rloo;
 pub mod advantage_support;
 pub mod backend;
+pub mod data_parallel;
 pub mod dataset_parquet;
 pub mod debug_print;
 pub mod eval;

@@ -16,6 +16,7 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
+use crate::data_parallel::{Replicas, shard};
 use crate::model_resource::ModelResource;
 use crate::sequences::{SequenceBatch, masked_host};
 use crate::values::{RolloutBatch, TokenLogProbs, TokenMatrix, port_types};
@@ -83,14 +84,23 @@ impl NodeKind for LogProbKind {
         Some("old_log_prob")
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: LogProbParams = params.parse()?;
         let model = ctx.resource::<ModelResource>(&p.model)?;
-        Ok(Box::new(LogProbNode { p, model }))
+        Ok(Box::new(LogProbNode {
+            replicas: Replicas::new(&ctx.placement)?,
+            p,
+            model,
+        }))
     }
 }
 
 struct LogProbNode {
+    replicas: Replicas,
     p: LogProbParams,
     model: Arc<ModelResource>,
 }
@@ -105,12 +115,14 @@ impl Node for LogProbNode {
             self.p.micro_batch_size,
             self.p.chunk,
             self.p.entropy,
+            &self.replicas,
         )?;
         Ok(Outputs::new().with("log_probs", out))
     }
 }
 
-/// Log-probs (and optionally entropies) of every response token of `rollouts` under `model`.
+/// Log-probs (and optionally entropies) of every response token of `rollouts` under `model`,
+/// the rows split over `replicas` ([`crate::data_parallel`]) and gathered.
 pub fn token_log_probs(
     model: &ModelResource,
     rollouts: &RolloutBatch,
@@ -118,29 +130,43 @@ pub fn token_log_probs(
     micro_batch_size: usize,
     chunk: usize,
     with_entropy: bool,
+    replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
-    let (infer, device) = {
-        let s = model.lock();
-        (s.inference_model(), s.device)
-    };
+    let infer = model.lock().inference_model();
     let (b, t) = (rollouts.len(), rollouts.response_len());
+    // A gathered row: [log-probs (t) | entropies (t) when asked].
+    let width = if with_entropy { 2 * t } else { t };
+    let gathered = replicas.run(|r| {
+        let rows: Vec<usize> = shard(b, r.world, r.index).collect();
+        let mut mine = Vec::with_capacity(rows.len());
+        for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
+            let seq = SequenceBatch::new(rollouts, chunk_rows)?;
+            let out = seq.log_probs(&infer, temperature, chunk, &r.device)?;
+            let lp = masked_host(out.log_probs, &seq.mask)?;
+            let h = if with_entropy {
+                Some(masked_host(out.entropy, &seq.mask)?)
+            } else {
+                None
+            };
+            for (k, &row) in chunk_rows.iter().enumerate() {
+                let mut v = Vec::with_capacity(width);
+                v.extend_from_slice(&lp[k * t..(k + 1) * t]);
+                if let Some(h) = &h {
+                    v.extend_from_slice(&h[k * t..(k + 1) * t]);
+                }
+                mine.push((row, v));
+            }
+        }
+        r.gather_rows(b, width, mine)
+    })?;
+    let all = &gathered[0];
     let mut log_probs = TokenMatrix::zeros(b, t);
     let mut entropy = with_entropy.then(|| TokenMatrix::zeros(b, t));
-    let rows: Vec<usize> = (0..b).collect();
-    for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
-        let seq = SequenceBatch::new(rollouts, chunk_rows)?;
-        let out = seq.log_probs(&infer, temperature, chunk, &device)?;
-        let lp = masked_host(out.log_probs, &seq.mask)?;
-        for (k, &r) in chunk_rows.iter().enumerate() {
-            log_probs
-                .row_mut(r)
-                .copy_from_slice(&lp[k * t..(k + 1) * t]);
-        }
+    for r in 0..b {
+        let v = &all[r * width..(r + 1) * width];
+        log_probs.row_mut(r).copy_from_slice(&v[..t]);
         if let Some(e) = entropy.as_mut() {
-            let h = masked_host(out.entropy, &seq.mask)?;
-            for (k, &r) in chunk_rows.iter().enumerate() {
-                e.row_mut(r).copy_from_slice(&h[k * t..(k + 1) * t]);
-            }
+            e.row_mut(r).copy_from_slice(&v[t..]);
         }
     }
     Ok(TokenLogProbs { log_probs, entropy })

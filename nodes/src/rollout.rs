@@ -21,6 +21,10 @@ use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generat
 use flowrl_models::sampling::SamplingConfig;
 use serde::Deserialize;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::data_parallel::{Replicas, shard};
 use crate::model_resource::ModelResource;
 use crate::validate::{model_context_length, upstream_prompt_length};
 use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
@@ -152,12 +156,17 @@ impl NodeKind for RolloutKind {
         validate_generation(ctx)
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: RolloutParams = params.parse()?;
         p.sampling().validate()?;
         let model = ctx.resource::<ModelResource>(&p.model)?;
         let stop_ids = stop_token_ids(&model, &p.stop)?;
         Ok(Box::new(RolloutNode {
+            replicas: Replicas::new(&ctx.placement)?,
             params: p,
             model,
             stop_ids,
@@ -184,6 +193,7 @@ pub fn stop_token_ids(model: &ModelResource, stop: &[String]) -> Result<Vec<u32>
 }
 
 struct RolloutNode {
+    replicas: Replicas,
     params: RolloutParams,
     model: Arc<ModelResource>,
     stop_ids: Vec<u32>,
@@ -192,32 +202,39 @@ struct RolloutNode {
 impl Node for RolloutNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let prompts = inputs.get_arc::<PromptBatch>("prompts")?;
-        let rollouts = sample_rollouts(&self.model, &prompts, &self.params, &self.stop_ids, ctx)?;
+        let rollouts = sample_rollouts(
+            &self.model,
+            &prompts,
+            &self.params,
+            &self.stop_ids,
+            &self.replicas,
+            ctx,
+        )?;
         record_length_metrics(&rollouts, self.params.max_new_tokens, ctx);
         Ok(Outputs::new().with("rollouts", rollouts))
     }
 }
 
-/// Generates `params.n` responses per prompt (see the module doc).
+/// Generates `params.n` responses per prompt (see the module doc), the prompts split over
+/// `replicas` ([`crate::data_parallel`]). Response `r` (prompt `r / n`, sample `r % n`) draws from
+/// its own RNG, seeded from one draw of the step's RNG and `r`, so the responses do not depend on
+/// how the batch is split.
 pub fn sample_rollouts(
     model: &ModelResource,
     prompts: &Arc<PromptBatch>,
     params: &RolloutParams,
     stop_ids: &[u32],
+    replicas: &Replicas,
     ctx: &mut StepContext,
 ) -> Result<RolloutBatch> {
     ensure!(!prompts.is_empty(), "the prompt batch is empty");
     let n = params.n;
     let tokenizer = model.tokenizer()?.clone();
-    let (infer, device) = {
-        let s = model.lock();
-        (s.inference_model(), s.device)
-    };
-    let parts = ModelParts::of(&infer);
-    let mut suppress = Vec::new();
-    if let Some(v) = parts.vision {
-        suppress.push(v.image_token_id());
-    }
+    let infer = model.lock().inference_model();
+    let suppress = ModelParts::of(&infer)
+        .vision
+        .map(|v| vec![v.image_token_id()])
+        .unwrap_or_default();
     let config = GenerationConfig {
         max_new_tokens: params.max_new_tokens,
         sampling: params.sampling(),
@@ -225,51 +242,90 @@ pub fn sample_rollouts(
         pad_token_id: prompts.pad_token_id,
         suppress_token_ids: suppress,
     };
-    let mut prompt_index = Vec::with_capacity(prompts.len() * n);
-    let mut inputs = Vec::with_capacity(prompts.len() * n);
-    for (i, p) in prompts.prompts.iter().enumerate() {
-        for _ in 0..n {
-            prompt_index.push(i);
-            inputs.push(PromptInput {
-                ids: &p.input_ids,
-                images: &p.images,
-            });
+    let base_seed: u64 = ctx.rng().random();
+    let b = prompts.len() * n;
+    // A gathered row: [length, stopped, tokens (max_new_tokens), log-probs (max_new_tokens)];
+    // token ids are exact in f32 below 2^24.
+    let max_new = params.max_new_tokens;
+    let width = 2 + 2 * max_new;
+    let gathered = replicas.run(|r| {
+        let parts = ModelParts::of(&infer);
+        let mut rows = Vec::new();
+        let mut inputs = Vec::new();
+        let mut rngs = Vec::new();
+        for i in shard(prompts.len(), r.world, r.index) {
+            let p = &prompts.prompts[i];
+            for j in 0..n {
+                rows.push(i * n + j);
+                inputs.push(PromptInput {
+                    ids: &p.input_ids,
+                    images: &p.images,
+                });
+                rngs.push(StdRng::seed_from_u64(row_seed(base_seed, i * n + j)));
+            }
         }
-    }
-    let generation = generate(&parts, &inputs, &config, ctx.rng(), &device)?;
+        let generation = generate(&parts, &inputs, &config, &mut rngs, &r.device)?;
+        let encoded = rows.iter().enumerate().map(|(k, &row)| {
+            let mut v = vec![0.0f32; width];
+            let tokens = &generation.tokens[k];
+            v[0] = tokens.len() as f32;
+            v[1] = f32::from(u8::from(generation.stopped[k]));
+            for (t, &id) in tokens.iter().enumerate() {
+                v[2 + t] = id as f32;
+            }
+            v[2 + max_new..2 + max_new + tokens.len()].copy_from_slice(&generation.log_probs[k]);
+            (row, v)
+        });
+        r.gather_rows(b, width, encoded)
+    })?;
+    let all = &gathered[0];
 
-    let b = inputs.len();
-    let t = generation
-        .tokens
-        .iter()
-        .map(Vec::len)
-        .max()
-        .unwrap_or(0)
-        .max(1);
+    let mut tokens = Vec::with_capacity(b);
+    let mut log_probs = Vec::with_capacity(b);
+    let mut stopped = Vec::with_capacity(b);
+    for r in 0..b {
+        let v = &all[r * width..(r + 1) * width];
+        let len = v[0] as usize;
+        tokens.push(
+            v[2..2 + len]
+                .iter()
+                .map(|&x| x as u32)
+                .collect::<Vec<u32>>(),
+        );
+        log_probs.push(&v[2 + max_new..2 + max_new + len]);
+        stopped.push(v[1] > 0.5);
+    }
+    let t = tokens.iter().map(Vec::len).max().unwrap_or(0).max(1);
     let mut mask = TokenMatrix::zeros(b, t);
     let mut logps = TokenMatrix::zeros(b, t);
     let mut texts = Vec::with_capacity(b);
     for r in 0..b {
-        let len = generation.tokens[r].len();
+        let len = tokens[r].len();
         mask.row_mut(r)[..len].fill(1.0);
-        logps.row_mut(r)[..len].copy_from_slice(&generation.log_probs[r]);
+        logps.row_mut(r)[..len].copy_from_slice(log_probs[r]);
         texts.push(
             tokenizer
-                .decode(&generation.tokens[r], true)
+                .decode(&tokens[r], true)
                 .map_err(|e| anyhow::anyhow!("decoding response {r}: {e}"))?,
         );
     }
+    let prompt_index = (0..b).map(|r| r / n).collect();
     let rollouts = RolloutBatch::for_prompts(
         prompts.clone(),
         prompt_index,
-        generation.tokens,
+        tokens,
         mask,
         logps,
         texts,
-        generation.stopped.iter().map(|s| !s).collect(),
+        stopped.iter().map(|s| !s).collect(),
     );
     rollouts.check()?;
     Ok(rollouts)
+}
+
+/// The seed of response `row`'s RNG in a step whose RNG drew `base`.
+fn row_seed(base: u64, row: usize) -> u64 {
+    flowrl_engine::derive_seed(base, row as u64, "rollout.row")
 }
 
 /// verl's response/prompt length metrics.

@@ -8,6 +8,7 @@ use burn::prelude::*;
 use serde::Deserialize;
 
 use crate::backend::TrainBackend;
+use crate::data_parallel::{Replicas, shard};
 use crate::model_resource::ModelState;
 use crate::optim::{AdamW, AdamWConfig, LrSchedule, WarmupStyle, clip_grad_norm};
 use crate::values::TokenMatrix;
@@ -177,4 +178,162 @@ pub fn rows_tensor<B: Backend>(
 /// A scalar tensor's value on the host.
 pub fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
     t.into_scalar().elem::<f64>()
+}
+
+/// What one replica computed for one optimizer step: its accumulated gradients (`None` when a
+/// loss was not finite) and statistics that add up over replicas (sums and counts).
+pub struct PartialStep {
+    pub grads: Option<GradientsParams>,
+    pub stats: Vec<f64>,
+}
+
+/// The gradients of one optimizer step over `rows`, computed data-parallel
+/// ([`crate::data_parallel`]): replica `i` of `W` runs `compute(model, rows_i, W)` on its
+/// contiguous share `rows_i` of the rows, with its own copy of `model` (same parameter ids);
+/// the gradients are averaged over replicas (sum / `W`) and the statistics summed. `compute` must
+/// normalise its loss globally and scale it by `W` (`GlobalBatchInfo::dp_size`), so the mean is
+/// the gradient of the whole step's loss, as verl's FSDP actor. When any replica's loss was not
+/// finite, every replica gets `None` (the step is skipped everywhere).
+///
+/// Replicas exchange one vector per optimizer step whatever their micro-batch counts, so uneven
+/// shares cannot leave a replica waiting in a collective the others never call.
+pub fn replicated_grads(
+    replicas: &Replicas,
+    model: &flowrl_models::Model<TrainBackend>,
+    rows: &[usize],
+    compute: impl Fn(&flowrl_models::Model<TrainBackend>, &[usize], usize) -> Result<PartialStep> + Sync,
+) -> Result<PartialStep> {
+    use burn::module::AutodiffModule;
+    if replicas.world() == 1 {
+        return compute(model, rows, 1);
+    }
+    let mut out = replicas.run(|r| {
+        let mine = &rows[shard(rows.len(), r.world, r.index)];
+        let copy = flowrl_models::Model::<TrainBackend>::from_inner(model.valid());
+        let partial = compute(&copy, mine, r.world)?;
+        let flat = flatten_step(&copy, partial);
+        let flat = r.all_reduce_sum(flat)?;
+        unflatten_step(&copy, flat, r.world)
+    })?;
+    Ok(out.swap_remove(0))
+}
+
+/// `[gradient values of every float parameter in module order (zeros when absent) | one
+/// presence flag per parameter | non-finite flag | stats]`.
+fn flatten_step(model: &flowrl_models::Model<TrainBackend>, step: PartialStep) -> Vec<f32> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::backend::AutodiffBackend;
+    type Inner = <TrainBackend as AutodiffBackend>::InnerBackend;
+    struct Flatten {
+        grads: Option<GradientsParams>,
+        values: Vec<f32>,
+        flags: Vec<f32>,
+    }
+    impl ModuleVisitor<TrainBackend> for Flatten {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
+            let numel = param.val().shape().num_elements();
+            let grad = self
+                .grads
+                .as_mut()
+                .and_then(|g| g.remove::<Inner, D>(param.id));
+            match grad {
+                Some(g) => {
+                    let v = g.into_data().convert::<f32>();
+                    self.values
+                        .extend_from_slice(v.as_slice::<f32>().expect("f32 gradient"));
+                    self.flags.push(1.0);
+                }
+                None => {
+                    self.values.resize(self.values.len() + numel, 0.0);
+                    self.flags.push(0.0);
+                }
+            }
+        }
+    }
+    let nonfinite = if step.grads.is_none() { 1.0 } else { 0.0 };
+    let mut v = Flatten {
+        grads: step.grads,
+        values: Vec::new(),
+        flags: Vec::new(),
+    };
+    model.visit(&mut v);
+    let mut flat = v.values;
+    flat.extend(v.flags);
+    flat.push(nonfinite);
+    flat.extend(step.stats.iter().map(|&s| s as f32));
+    flat
+}
+
+/// The inverse of [`flatten_step`] after the all-reduce sum: gradients divided by `world`,
+/// registered under `model`'s parameter ids; statistics as summed.
+fn unflatten_step(
+    model: &flowrl_models::Model<TrainBackend>,
+    flat: Vec<f32>,
+    world: usize,
+) -> Result<PartialStep> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::backend::AutodiffBackend;
+    type Inner = <TrainBackend as AutodiffBackend>::InnerBackend;
+    struct Shapes(Vec<usize>);
+    impl ModuleVisitor<TrainBackend> for Shapes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
+            self.0.push(param.val().shape().num_elements());
+        }
+    }
+    let mut shapes = Shapes(Vec::new());
+    model.visit(&mut shapes);
+    let numel: usize = shapes.0.iter().sum();
+    let params = shapes.0.len();
+    ensure!(
+        flat.len() >= numel + params + 1,
+        "the all-reduced step holds {} values, fewer than the model's {numel} + {params} + 1",
+        flat.len()
+    );
+    let nonfinite = flat[numel + params] > 0.5;
+    let stats = flat[numel + params + 1..]
+        .iter()
+        .map(|&s| s as f64)
+        .collect();
+    if nonfinite {
+        return Ok(PartialStep { grads: None, stats });
+    }
+    struct Unflatten<'a> {
+        flat: &'a [f32],
+        offset: usize,
+        index: usize,
+        flags_at: usize,
+        scale: f32,
+        grads: GradientsParams,
+    }
+    impl ModuleVisitor<TrainBackend> for Unflatten<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
+            let value = param.val();
+            let shape = value.shape();
+            let n = shape.num_elements();
+            let present = self.flat[self.flags_at + self.index] > 0.5;
+            if present {
+                let v: Vec<f32> = self.flat[self.offset..self.offset + n]
+                    .iter()
+                    .map(|x| x * self.scale)
+                    .collect();
+                let t = Tensor::<Inner, D>::from_data(TensorData::new(v, shape), &value.device());
+                self.grads.register::<Inner, D>(param.id, t);
+            }
+            self.offset += n;
+            self.index += 1;
+        }
+    }
+    let mut u = Unflatten {
+        flat: &flat,
+        offset: 0,
+        index: 0,
+        flags_at: numel,
+        scale: 1.0 / world as f32,
+        grads: GradientsParams::new(),
+    };
+    model.visit(&mut u);
+    Ok(PartialStep {
+        grads: Some(u.grads),
+        stats,
+    })
 }

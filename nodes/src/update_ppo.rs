@@ -41,11 +41,15 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
-use crate::backend::TrainBackend;
-use crate::model_resource::{ModelResource, ModelState};
+use crate::backend::{TrainBackend, TrainDevice};
+use crate::data_parallel::Replicas;
+use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
-use crate::train::{OptimParams, guarded_step, optim_param_specs, rows_tensor, scalar};
+use crate::train::{
+    OptimParams, PartialStep, guarded_step, optim_param_specs, replicated_grads, rows_tensor,
+    scalar,
+};
 use crate::validate::{upstream_batch_size, upstream_rollout_n};
 use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
 
@@ -154,6 +158,10 @@ impl NodeKind for PpoUpdateKind {
         Some("update_actor")
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
         let p = ctx.params();
         let mut out = Vec::new();
@@ -226,6 +234,7 @@ impl NodeKind for PpoUpdateKind {
         let schedule = p.optim.schedule(ctx.total_steps);
         p.optim.adamw()?;
         Ok(Box::new(PpoUpdateNode {
+            replicas: Replicas::new(&ctx.placement)?,
             p,
             model,
             clip,
@@ -237,6 +246,7 @@ impl NodeKind for PpoUpdateKind {
 }
 
 struct PpoUpdateNode {
+    replicas: Replicas,
     p: PpoParams,
     model: Arc<ModelResource>,
     clip: ClipConfig,
@@ -245,17 +255,68 @@ struct PpoUpdateNode {
     schedule: LrSchedule,
 }
 
-/// Running sums of the metrics of one step.
+/// The metrics of one step: per-micro-batch sums with their count, per-mini-batch losses,
+/// per-applied-step gradient norms.
 #[derive(Default)]
 struct Sums {
     pg_loss: Vec<f64>,
     kl_loss: Vec<f64>,
-    clipfrac: Vec<f64>,
-    clipfrac_lower: Vec<f64>,
-    ppo_kl: Vec<f64>,
-    entropy: Vec<f64>,
+    micro: MicroSums,
     grad_norm: Vec<f64>,
     skipped: u64,
+}
+
+/// Sums over micro-batches (added up over replicas by the all-reduce): the mini-batch's policy
+/// and KL losses (each micro-batch's share of the globally normalised loss) and the sums of the
+/// per-micro-batch metrics, with the micro-batch count.
+#[derive(Default, Clone, Copy)]
+struct MicroSums {
+    pg_loss: f64,
+    kl_loss: f64,
+    clipfrac: f64,
+    clipfrac_lower: f64,
+    ppo_kl: f64,
+    entropy: f64,
+    count: f64,
+}
+
+impl MicroSums {
+    fn to_vec(self) -> Vec<f64> {
+        vec![
+            self.pg_loss,
+            self.kl_loss,
+            self.clipfrac,
+            self.clipfrac_lower,
+            self.ppo_kl,
+            self.entropy,
+            self.count,
+        ]
+    }
+
+    fn from_slice(v: &[f64]) -> Result<Self> {
+        ensure!(
+            v.len() == 7,
+            "expected 7 update statistics, got {}",
+            v.len()
+        );
+        Ok(MicroSums {
+            pg_loss: v[0],
+            kl_loss: v[1],
+            clipfrac: v[2],
+            clipfrac_lower: v[3],
+            ppo_kl: v[4],
+            entropy: v[5],
+            count: v[6],
+        })
+    }
+
+    fn add(&mut self, o: &MicroSums) {
+        self.clipfrac += o.clipfrac;
+        self.clipfrac_lower += o.clipfrac_lower;
+        self.ppo_kl += o.ppo_kl;
+        self.entropy += o.entropy;
+        self.count += o.count;
+    }
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
@@ -301,17 +362,29 @@ impl Node for PpoUpdateNode {
         let mut sums = Sums::default();
         let mut state = self.model.lock();
         let rows: Vec<usize> = (0..b).collect();
+        let world = self.replicas.world();
         for _epoch in 0..self.p.ppo_epochs {
             for mini in rows.chunks(mini_rows) {
-                let grads = self
-                    .mini_batch_grads(
-                        &state, &rollouts, &adv, old, reference, mini, micro_rows, &mut sums,
-                    )
+                let step =
+                    replicated_grads(&self.replicas, &state.model, mini, |model, mine, world| {
+                        self.mini_batch_grads(
+                            model, &rollouts, &adv, old, reference, mini, mine, micro_rows, world,
+                        )
+                    })
                     .with_context(|| format!("update `{}`", ctx.node_name()))?;
+                let m = MicroSums::from_slice(&step.stats)?;
+                sums.micro.add(&m);
+                if step.grads.is_some() {
+                    // The losses carry the factor W (dp_size); their replica sum is W × the loss.
+                    sums.pg_loss.push(m.pg_loss / world as f64);
+                    if self.kl.is_some() {
+                        sums.kl_loss.push(m.kl_loss / world as f64);
+                    }
+                }
                 let outcome = guarded_step(
                     &mut state,
                     adamw,
-                    grads,
+                    step.grads,
                     lr,
                     self.p.optim.grad_clip,
                     self.p.optim.freeze_vision_tower,
@@ -336,14 +409,21 @@ impl Node for PpoUpdateNode {
         }
         for (name, v) in [
             ("actor/pg_loss", &sums.pg_loss),
-            ("actor/pg_clipfrac", &sums.clipfrac),
-            ("actor/pg_clipfrac_lower", &sums.clipfrac_lower),
-            ("actor/ppo_kl", &sums.ppo_kl),
-            ("actor/entropy", &sums.entropy),
             ("actor/grad_norm", &sums.grad_norm),
         ] {
             if let Some(m) = mean(v) {
                 ctx.metric(name, m);
+            }
+        }
+        let m = &sums.micro;
+        if m.count > 0.0 {
+            for (name, v) in [
+                ("actor/pg_clipfrac", m.clipfrac),
+                ("actor/pg_clipfrac_lower", m.clipfrac_lower),
+                ("actor/ppo_kl", m.ppo_kl),
+                ("actor/entropy", m.entropy),
+            ] {
+                ctx.metric(name, v / m.count);
             }
         }
         if let Some((_, coef)) = self.kl {
@@ -359,37 +439,40 @@ impl Node for PpoUpdateNode {
 }
 
 impl PpoUpdateNode {
-    /// Accumulated gradients of one mini-batch; `None` when a micro-batch loss is not finite.
+    /// One replica's accumulated gradients over its rows `mine` of the mini-batch `mini`
+    /// (`None` when a micro-batch loss is not finite), with its [`MicroSums`]. The loss is
+    /// normalised over the whole mini-batch and scaled by the replica count `world`.
     #[allow(clippy::too_many_arguments)]
     fn mini_batch_grads(
         &self,
-        state: &ModelState,
+        model: &flowrl_models::Model<TrainBackend>,
         rollouts: &RolloutBatch,
         adv: &AdvantageBatch,
         old: Option<&TokenLogProbs>,
         reference: Option<&TokenLogProbs>,
         mini: &[usize],
+        mine: &[usize],
         micro_rows: usize,
-        sums: &mut Sums,
-    ) -> Result<Option<GradientsParams>> {
+        world: usize,
+    ) -> Result<PartialStep> {
         type B = TrainBackend;
-        let device = state.device;
+        let device = TrainDevice::default();
         let mb_tokens: f64 = mini
             .iter()
             .map(|&r| rollouts.response_mask.row(r).iter().sum::<f32>() as f64)
             .sum();
         let info = GlobalBatchInfo {
-            dp_size: 1,
+            dp_size: world,
             batch_num_tokens: Some(mb_tokens.max(1.0)),
             global_batch_size: Some(mini.len() as f64),
             loss_scale_factor: None,
         };
         let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
-        let mut pg_total = 0.0;
-        let mut kl_total = 0.0;
-        for micro in mini.chunks(micro_rows) {
+        let mut sums = MicroSums::default();
+        let mut finite = true;
+        for micro in mine.chunks(micro_rows) {
             let seq = SequenceBatch::new(rollouts, micro)?;
-            let out = seq.log_probs(&state.model, self.p.temperature, self.p.chunk, &device)?;
+            let out = seq.log_probs(model, self.p.temperature, self.p.chunk, &device)?;
             let mask = seq.mask_tensor::<B>(&device);
             let advantages = rows_tensor::<B>(&adv.advantages, micro, &device);
             let old_lp = match old {
@@ -416,26 +499,27 @@ impl PpoUpdateNode {
                 let ref_lp = rows_tensor::<B>(&r.log_probs, micro, &device);
                 let kl = kl_penalty(out.log_probs.clone(), ref_lp, est)?;
                 let kl_loss = agg_loss(kl, mask.clone(), self.mode, &info)?;
-                kl_total += scalar(kl_loss.clone().detach());
+                sums.kl_loss += scalar(kl_loss.clone().detach());
                 loss = loss + kl_loss.mul_scalar(coef);
             }
             let loss_value = scalar(loss.clone().detach());
-            pg_total += scalar(pl.pg_loss.detach());
-            sums.clipfrac.push(scalar(pl.pg_clipfrac));
-            sums.clipfrac_lower.push(scalar(pl.pg_clipfrac_lower));
-            sums.ppo_kl.push(scalar(pl.ppo_kl));
-            sums.entropy.push(entropy_value);
+            sums.pg_loss += scalar(pl.pg_loss.detach());
+            sums.clipfrac += scalar(pl.pg_clipfrac);
+            sums.clipfrac_lower += scalar(pl.pg_clipfrac_lower);
+            sums.ppo_kl += scalar(pl.ppo_kl);
+            sums.entropy += entropy_value;
+            sums.count += 1.0;
             if !loss_value.is_finite() {
-                return Ok(None);
+                finite = false;
+                break;
             }
-            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &state.model);
-            acc.accumulate::<B>(&state.model, grads);
+            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), model);
+            acc.accumulate::<B>(model, grads);
         }
-        sums.pg_loss.push(pg_total);
-        if self.kl.is_some() {
-            sums.kl_loss.push(kl_total);
-        }
-        Ok(Some(acc.grads()))
+        Ok(PartialStep {
+            grads: finite.then(|| acc.grads()),
+            stats: sums.to_vec(),
+        })
     }
 }
 

@@ -26,11 +26,14 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
-use crate::backend::TrainBackend;
+use crate::backend::{TrainBackend, TrainDevice};
+use crate::data_parallel::Replicas;
 use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
-use crate::train::{OptimParams, guarded_step, optim_param_specs, scalar};
+use crate::train::{
+    OptimParams, PartialStep, guarded_step, optim_param_specs, replicated_grads, scalar,
+};
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, TokenMatrix, port_types};
 
 /// The `update.sft` kind.
@@ -91,6 +94,10 @@ impl NodeKind for SftUpdateKind {
         Some("update_actor")
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: SftParams = params.parse()?;
         let model = ctx.resource::<ModelResource>(&p.model)?;
@@ -102,11 +109,17 @@ impl NodeKind for SftUpdateKind {
         model.tokenizer()?;
         p.optim.adamw()?;
         let schedule = p.optim.schedule(ctx.total_steps);
-        Ok(Box::new(SftNode { p, model, schedule }))
+        Ok(Box::new(SftNode {
+            replicas: Replicas::new(&ctx.placement)?,
+            p,
+            model,
+            schedule,
+        }))
     }
 }
 
 struct SftNode {
+    replicas: Replicas,
     p: SftParams,
     model: Arc<ModelResource>,
     schedule: LrSchedule,
@@ -171,36 +184,48 @@ impl Node for SftNode {
         };
         let lr = self.schedule.lr(ctx.step());
         let mut state = self.model.lock();
-        let device = state.device;
-        let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
-        let mut total = 0.0;
-        let mut finite = true;
         let rows: Vec<usize> = (0..b).collect();
-        for chunk in rows.chunks(micro) {
-            let seq = SequenceBatch::new(&batch, chunk)?;
-            let out = seq
-                .log_probs(&state.model, 1.0, self.p.chunk, &device)
-                .with_context(|| format!("node `{}`", ctx.node_name()))?;
-            let loss = agg_loss(
-                out.log_probs.neg(),
-                seq.mask_tensor::<B>(&device),
-                LossAggMode::TokenMean,
-                &info,
-            )?;
-            let value = scalar(loss.clone().detach());
-            total += value;
-            if !value.is_finite() {
-                finite = false;
-                break;
+        let step = replicated_grads(&self.replicas, &state.model, &rows, |model, mine, world| {
+            let device = TrainDevice::default();
+            let info = GlobalBatchInfo {
+                dp_size: world,
+                ..info
+            };
+            let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
+            let mut total = 0.0;
+            for chunk in mine.chunks(micro) {
+                let seq = SequenceBatch::new(&batch, chunk)?;
+                let out = seq.log_probs(model, 1.0, self.p.chunk, &device)?;
+                let loss = agg_loss(
+                    out.log_probs.neg(),
+                    seq.mask_tensor::<B>(&device),
+                    LossAggMode::TokenMean,
+                    &info,
+                )?;
+                let value = scalar(loss.clone().detach());
+                total += value;
+                if !value.is_finite() {
+                    return Ok(PartialStep {
+                        grads: None,
+                        stats: vec![total],
+                    });
+                }
+                let grads = GradientsParams::from_grads::<B, _>(loss.backward(), model);
+                acc.accumulate::<B>(model, grads);
             }
-            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), &state.model);
-            acc.accumulate::<B>(&state.model, grads);
-        }
+            Ok(PartialStep {
+                grads: Some(acc.grads()),
+                stats: vec![total],
+            })
+        })
+        .with_context(|| format!("node `{}`", ctx.node_name()))?;
+        // The losses carry the factor W (dp_size); their replica sum is W × the batch loss.
+        let total = step.stats[0] / self.replicas.world() as f64;
         let adamw = self.p.optim.adamw()?;
         let outcome = guarded_step(
             &mut state,
             adamw,
-            finite.then(|| acc.grads()),
+            step.grads,
             lr,
             self.p.optim.grad_clip,
             self.p.optim.freeze_vision_tower,
