@@ -42,12 +42,14 @@ cat /proc/loadavg > "$work/loadavg_before"
 
 # flowrl: one GRPO step per run step; rows 1-3 are its rollout / old log-prob / update nodes.
 flowrl_run() { # out prompts new steps
-  local out=$1 p=$2 new=$3 steps=$4 rows=$(($2 * N)) m=$MICRO
+  local out=$1 p=$2 new=$3 steps=$4 rows=$(($2 * N)) m=$MICRO old_micro=()
   [ "$m" -gt "$rows" ] && m=$rows
+  # The `old` node is optional (see grpo_bench.toml): size it only where the graph has it.
+  grep -q '^\[nodes\.old\]' bench/grpo_bench.toml && old_micro=(--set nodes.old.micro_batch_size="$m")
   /usr/bin/time -f "%M %e" -o "$out.time" target/release/flowrl run bench/grpo_bench.toml \
     --out "$out" --force --steps "$steps" \
     --set nodes.data.batch_size="$p" --set nodes.rollout.n="$N" \
-    --set nodes.rollout.max_new_tokens="$new" --set nodes.old.micro_batch_size="$m" \
+    --set nodes.rollout.max_new_tokens="$new" "${old_micro[@]}" \
     --set nodes.update.mini_batch_size="$p" --set nodes.update.micro_batch_size="$m" \
     > "$out.log" 2>&1
 }

@@ -100,9 +100,10 @@ def main():
     m = machine()
     rows = a.prompts * a.n
 
+    # A graph without the `old` node (on-policy, `old_log_probs` unwired) has no row (2) time.
     table = [
         ("(1) rollout: prefill + decode", "transformers `generate`", fl["gen"], ref["median"]["rollout_s"]),
-        ("(2) log-prob pass", "transformers forward, no grad", fl["old_log_prob"], ref["median"]["logprob_s"]),
+        ("(2) log-prob pass", "transformers forward, no grad", fl.get("old_log_prob", float("nan")), ref["median"]["logprob_s"]),
         ("(3) one PPO update step", "torch forward/backward + AdamW", fl["update_actor"], ref["median"]["update_s"]),
         ("(4) full GRPO step", "TRL `GRPOTrainer` step", fl["step"], trl["median"]["step_s"]),
         ("(4') GRPO step without the old-log-prob pass", "TRL `GRPOTrainer` step (on-policy, no such pass)", fl["step_without_old"], trl["median"]["step_s"]),
@@ -164,7 +165,7 @@ def main():
             seqs = (int(name[len("scale_p"):]) if name.startswith("scale_p") else a.prompts) * a.n
             new = int(name[len("scale_t"):]) if name.startswith("scale_t") else a.new
             per = 1000.0 * mt["timing_s/step"] / (seqs * mt["response_length/mean"])
-            out.append(f"| {name} | {seqs} | {new} | {mt['timing_s/gen']:.2f} | {mt['timing_s/old_log_prob']:.2f} | "
+            out.append(f"| {name} | {seqs} | {new} | {mt['timing_s/gen']:.2f} | {mt.get('timing_s/old_log_prob', float('nan')):.2f} | "
                        f"{mt['timing_s/update_actor']:.2f} | {mt['timing_s/step']:.2f} | {per:.3f} |")
         out.append("")
     os.makedirs(a.results, exist_ok=True)

@@ -1,0 +1,329 @@
+//! `bench-profile MODE`: one phase of flowrl's GRPO step on the benchmark's model shape, small
+//! enough to run under `valgrind --tool=callgrind` (instruction counts do not depend on the load
+//! of a shared machine, wall time does).
+//!
+//! The model is the random Qwen2-VL architecture of `bench/model_config.json` (hidden 512, 8
+//! layers, vocab 32000, vision tower of 4 blocks). A batch is `BENCH_BATCH` sequences (default
+//! 8, the reduced comparison's micro-batch) laid out as the update node lays them out: a prompt
+//! of 8 text tokens, `<vision_start>`, the 64 tokens of one 224×224 image, `<vision_end>` and
+//! text up to 109 tokens, then `BENCH_NEW` response tokens (default 32).
+//!
+//! Modes (each runs a warm-up repetition, then `BENCH_REPS` measured ones, default 3; 0 = one
+//! run without warm-up, for callgrind; each prints
+//! wall seconds per phase; the measured work sits in `#[inline(never)]` functions named
+//! `measured_*`, so `callgrind --toggle-collect='*measured_*'` counts only that):
+//!
+//! * `update`: one micro-batch of `update.ppo` on `Autodiff<Flex>`: forward, response log-probs
+//!   and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`, chunk 64),
+//!   the PPO-clip token-mean loss against detached log-probs (on-policy), backward, and one
+//!   AdamW step (global-norm clipping is left to the node; AdamW is what it calls);
+//! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;
+//! * `head`: only the LM head + log-softmax/entropy over the response positions, forward and
+//!   backward, from random hidden states (isolates the 32k-vocabulary part of `update`);
+//! * `adamw`: one AdamW step with gradients of ones on every parameter (isolates the optimizer).
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::backend::flex::FlexDevice;
+use burn::backend::{Autodiff, Flex};
+use burn::module::AutodiffModule;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use flowrl_algorithms::{
+    ClipConfig, GlobalBatchInfo, LossAggMode, entropy_and_logprobs_from_hidden, policy_loss_vanilla,
+};
+use flowrl_models::{Model, PaddedBatch, ProcessedImage};
+
+type Ad = Autodiff<Flex>;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Prompt length of the reduced comparison (shapes task prompt with one 224×224 image).
+const PROMPT: usize = 109;
+/// Response positions per LM-head block (`update.ppo`'s and `logprob`'s default `chunk`).
+const CHUNK: usize = 64;
+
+/// A 224×224 image as the processor gives it: 16×16 patches, 64 image tokens.
+fn image(seed: usize) -> ProcessedImage {
+    let (gh, gw) = (16, 16);
+    let dim = 3 * 2 * 14 * 14;
+    let n = gh * gw;
+    let pixel_values = (0..n * dim)
+        .map(|i| (((i * 7919 + seed * 104729) % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    ProcessedImage {
+        pixel_values,
+        shape: vec![n, dim],
+        grid: vec![1, gh, gw],
+        num_tokens: n / 4,
+        patch_positions: None,
+    }
+}
+
+/// The rows (prompt + response, no padding) and their response labels.
+struct Batch {
+    tokens: PaddedBatch,
+    images: Vec<ProcessedImage>,
+    labels: Vec<i64>,
+    batch: usize,
+    new: usize,
+}
+
+/// `special` = (vision start, image, vision end) token ids; text ids are drawn from 1000..20000.
+fn batch(batch: usize, new: usize, special: [u32; 3]) -> Batch {
+    let images: Vec<ProcessedImage> = (0..batch).map(image).collect();
+    let mut rows = Vec::new();
+    let mut labels = Vec::new();
+    for b in 0..batch {
+        let mut row: Vec<u32> = (0..8)
+            .map(|i| (1000 + (b * 31 + i * 17) % 1000) as u32)
+            .collect();
+        row.push(special[0]);
+        row.extend(std::iter::repeat_n(special[1], images[b].num_tokens));
+        row.push(special[2]);
+        let mut i = 0;
+        while row.len() < PROMPT + new {
+            row.push((1000 + (b * 131 + i * 71) % 19000) as u32);
+            i += 1;
+        }
+        labels.extend(row[PROMPT..].iter().map(|&x| x as i64));
+        rows.push(row);
+    }
+    Batch {
+        tokens: PaddedBatch::left_pad(&rows, 0),
+        images,
+        labels,
+        batch,
+        new,
+    }
+}
+
+impl Batch {
+    fn labels<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
+        Tensor::<B, 1, Int>::from_data(
+            TensorData::new(self.labels.clone(), [self.labels.len()]),
+            device,
+        )
+        .reshape([self.batch, self.new])
+    }
+}
+
+/// Response log-probs and entropies `[b, T]` (what `nodes::sequences::SequenceBatch::log_probs`
+/// computes).
+fn log_probs<B: Backend>(
+    model: &Model<B>,
+    x: &Batch,
+    device: &B::Device,
+) -> Result<(Tensor<B, 2>, Tensor<B, 2>)> {
+    let lm = model.causal_lm();
+    let embeds = model.input_embeddings(&x.tokens, &x.images, device)?;
+    let positions = model.position_ids(&x.tokens, &x.images)?;
+    let hidden = lm.forward_hidden(
+        x.tokens.ids_tensor::<B>(device),
+        embeds,
+        positions.tensor::<B>(device),
+        x.tokens.mask_tensor::<B>(device),
+        None,
+    );
+    let response = hidden.narrow(1, PROMPT - 1, x.new);
+    let (entropy, lp) = entropy_and_logprobs_from_hidden(
+        response,
+        x.labels(device),
+        |h| lm.lm_head(h),
+        1.0,
+        CHUNK,
+    )?;
+    Ok((lp, entropy))
+}
+
+/// Wall seconds of (forward, backward, optimizer step).
+#[inline(never)]
+fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Result<[f64; 3]> {
+    let t0 = Instant::now();
+    let (lp, entropy) = log_probs(model, x, device)?;
+    let mask = Tensor::<Ad, 2>::ones([x.batch, x.new], device);
+    let adv = Tensor::<Ad, 1>::from_data(
+        TensorData::new(
+            (0..x.batch * x.new)
+                .map(|i| if (i / x.new) % 2 == 0 { 1.0f32 } else { -1.0 })
+                .collect(),
+            [x.batch * x.new],
+        ),
+        device,
+    )
+    .reshape([x.batch, x.new]);
+    let info = GlobalBatchInfo {
+        batch_num_tokens: Some((x.batch * x.new) as f64),
+        global_batch_size: Some(x.batch as f64),
+        ..GlobalBatchInfo::default()
+    };
+    let pl = policy_loss_vanilla(
+        lp.clone().detach(),
+        lp,
+        adv,
+        mask,
+        None,
+        &ClipConfig::default(),
+        LossAggMode::TokenMean,
+        &info,
+    )?;
+    let loss = pl.pg_loss;
+    let _ = entropy.detach().mean().into_scalar();
+    let _ = loss.clone().detach().into_scalar();
+    let t1 = Instant::now();
+    let grads = GradientsParams::from_grads::<Ad, _>(loss.backward(), model);
+    let t2 = Instant::now();
+    let mut opt = AdamWConfig::new()
+        .with_weight_decay(0.01)
+        .init::<Ad, Model<Ad>>();
+    *model = opt.step(1e-6, model.clone(), grads);
+    let t3 = Instant::now();
+    Ok([
+        (t1 - t0).as_secs_f64(),
+        (t2 - t1).as_secs_f64(),
+        (t3 - t2).as_secs_f64(),
+    ])
+}
+
+#[inline(never)]
+fn measured_logprob(model: &Model<Flex>, x: &Batch, device: &FlexDevice) -> Result<[f64; 3]> {
+    let t0 = Instant::now();
+    let (lp, entropy) = log_probs(model, x, device)?;
+    let _ = lp.into_data();
+    let _ = entropy.into_data();
+    Ok([t0.elapsed().as_secs_f64(), 0.0, 0.0])
+}
+
+#[inline(never)]
+fn measured_head(
+    model: &Model<Ad>,
+    hidden: &Tensor<Ad, 3>,
+    labels: &Tensor<Ad, 2, Int>,
+) -> Result<[f64; 3]> {
+    let lm = model.causal_lm();
+    let t0 = Instant::now();
+    let (entropy, lp) = entropy_and_logprobs_from_hidden(
+        hidden.clone(),
+        labels.clone(),
+        |h| lm.lm_head(h),
+        1.0,
+        CHUNK,
+    )?;
+    let loss = lp.mean().neg() + entropy.mean() * 0.001;
+    let _ = loss.clone().detach().into_scalar();
+    let t1 = Instant::now();
+    let _grads = GradientsParams::from_grads::<Ad, _>(loss.backward(), model);
+    Ok([
+        t0.elapsed().as_secs_f64() - t1.elapsed().as_secs_f64(),
+        t1.elapsed().as_secs_f64(),
+        0.0,
+    ])
+}
+
+#[inline(never)]
+fn measured_adamw(model: &mut Model<Ad>, device: &FlexDevice) -> Result<[f64; 3]> {
+    // Gradients of ones on every parameter: the sum of all weights' sums has unit gradients.
+    let grads = GradientsParams::from_grads::<Ad, _>(param_sum(model, device).backward(), model);
+    let t1 = Instant::now();
+    let mut opt = AdamWConfig::new()
+        .with_weight_decay(0.01)
+        .init::<Ad, Model<Ad>>();
+    *model = opt.step(1e-6, model.clone(), grads);
+    Ok([0.0, 0.0, t1.elapsed().as_secs_f64()])
+}
+
+/// Σ over every float parameter of its elements' sum (a loss whose gradient is all ones).
+fn param_sum(model: &Model<Ad>, device: &FlexDevice) -> Tensor<Ad, 1> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    struct Sum(Tensor<Ad, 1>);
+    impl ModuleVisitor<Ad> for Sum {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Ad, D>>) {
+            self.0 = self.0.clone() + param.val().sum();
+        }
+    }
+    let mut s = Sum(Tensor::zeros([1], device));
+    model.visit(&mut s);
+    s.0
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let reps = env("BENCH_REPS", 3);
+    let b = env("BENCH_BATCH", 8);
+    let new = env("BENCH_NEW", 32);
+    let config_path = concat!(env!("CARGO_MANIFEST_DIR"), "/model_config.json");
+    let config = std::fs::read_to_string(config_path).with_context(|| config_path.to_string())?;
+    let json: serde_json::Value = serde_json::from_str(&config)?;
+    let id = |key: &str| -> Result<u32> {
+        Ok(json[key]
+            .as_u64()
+            .with_context(|| format!("{key} in {config_path}"))? as u32)
+    };
+    let special = [
+        id("vision_start_token_id")?,
+        id("image_token_id")?,
+        id("vision_end_token_id")?,
+    ];
+    let device = Default::default();
+    let x = batch(b, new, special);
+    // BENCH_REPS=0: a single run and no warm-up (for callgrind, which is ~50× slower).
+    let runs = reps.max(1) + usize::from(reps > 0);
+    let mut times: Vec<[f64; 3]> = Vec::new();
+    match mode.as_str() {
+        "update" => {
+            let mut model = Model::<Ad>::random(&config, &device, 0)?;
+            for _ in 0..runs {
+                times.push(measured_update(&mut model, &x, &device)?);
+            }
+        }
+        "logprob" => {
+            let model = Model::<Ad>::random(&config, &device, 0)?.valid();
+            for _ in 0..runs {
+                times.push(measured_logprob(&model, &x, &device)?);
+            }
+        }
+        "head" => {
+            let model = Model::<Ad>::random(&config, &device, 0)?;
+            let hidden = Tensor::<Ad, 3>::random(
+                [b, new, model.causal_lm().hidden_size()],
+                burn::tensor::Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let labels = x.labels::<Ad>(&device);
+            for _ in 0..runs {
+                times.push(measured_head(&model, &hidden, &labels)?);
+            }
+        }
+        "adamw" => {
+            let mut model = Model::<Ad>::random(&config, &device, 0)?;
+            for _ in 0..runs {
+                times.push(measured_adamw(&mut model, &device)?);
+            }
+        }
+        _ => bail!(
+            "usage: bench-profile update|logprob|head|adamw (env BENCH_BATCH, BENCH_NEW, BENCH_REPS)"
+        ),
+    }
+    let measured = &times[times.len() - reps.max(1)..];
+    let col = |i: usize| median(measured.iter().map(|t| t[i]).collect());
+    println!(
+        "mode {mode}: batch {b} x ({PROMPT} prompt + {new} response) tokens, {reps} reps after a warm-up; \
+         median seconds: forward {:.3}, backward {:.3}, optimizer {:.3}, total {:.3}",
+        col(0),
+        col(1),
+        col(2),
+        median(measured.iter().map(|t| t.iter().sum()).collect())
+    );
+    Ok(())
+}
