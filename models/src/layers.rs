@@ -201,6 +201,60 @@ pub fn apply_rotary<const D: usize, B: Backend>(
     x.clone() * cos.cast(dtype) + rotate_half(x) * sin.cast(dtype)
 }
 
+/// Rotate-half RoPE with its cos/sin tables laid out once, contiguous, in the layout of the
+/// tensors it rotates (`[.., heads, head_dim]`, the layout a projection's output has before the
+/// heads are moved forward), so that every layer's rotation is two same-shape products and a
+/// sum, with no broadcast over the heads.
+///
+/// Same values as [`apply_rotary`]: `x·cos + rotate_half(x)·sin`, where
+/// `rotate_half(x)·sin = [−x₂·sin₁, x₁·sin₂] = swap_halves(x)·[−sin₁, sin₂]` (the sign moves
+/// from x onto the table; `(−a)·b = a·(−b)` exactly in IEEE arithmetic). Why: on the Flex CPU
+/// backend an elementwise product of a permuted view with a broadcast table walks a scalar
+/// strided iterator, about an order of magnitude slower than the contiguous path, in the
+/// forward and again in the backward.
+#[derive(Debug, Clone)]
+pub struct Rotary<B: Backend> {
+    cos: Tensor<B, 4>,
+    /// `[−sin(angle), sin(angle)]` over the two halves of the head dimension.
+    sin_signed: Tensor<B, 4>,
+}
+
+impl<B: Backend> Rotary<B> {
+    /// Tables `[a, c, heads, head_dim]` from cos/sin `[a, c, head_dim]` (as [`rope_tables`]
+    /// returns them: `a` = batch, `c` = length; or `a` = 1, `c` = patches).
+    pub fn new(cos: Tensor<B, 3>, sin: Tensor<B, 3>, heads: usize) -> Self {
+        let d = sin.dims()[2];
+        let half = d / 2;
+        let sin_signed = Tensor::cat(
+            vec![
+                sin.clone().narrow(2, 0, half).neg(),
+                sin.narrow(2, half, d - half),
+            ],
+            2,
+        );
+        let lay = |t: Tensor<B, 3>| t.unsqueeze_dim::<4>(2).repeat_dim(2, heads);
+        Self {
+            cos: lay(cos),
+            sin_signed: lay(sin_signed),
+        }
+    }
+
+    /// Rotates `x` `[a, c, heads, head_dim]` (cast to x's dtype).
+    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let dtype = x.dtype();
+        let d = x.dims()[3];
+        let half = d / 2;
+        let swapped = Tensor::cat(
+            vec![
+                x.clone().narrow(3, half, d - half),
+                x.clone().narrow(3, 0, half),
+            ],
+            3,
+        );
+        x * self.cos.clone().cast(dtype) + swapped * self.sin_signed.clone().cast(dtype)
+    }
+}
+
 /// RoPE inverse frequencies `1 / theta^(2i/dim)`, i = 0..dim/2 − 1 (computed in f64, stored f32).
 pub fn inv_freq(theta: f64, dim: usize) -> Vec<f32> {
     (0..dim / 2)
@@ -297,10 +351,23 @@ pub fn attention<B: Backend>(
     softmax(scores, 3).cast(dtype).matmul(v)
 }
 
+/// The attention bias `[b, 1, L, T]` (shared by the heads) laid out for
+/// [`grouped_query_attention`]: `[b, kv_heads, group·L, T]`, contiguous, the `group` query heads
+/// of each kv head stacked along the query axis. Built once per forward, not per layer, so the
+/// score + bias sum is a same-shape contiguous add.
+pub fn grouped_attention_bias<B: Backend>(
+    bias: Tensor<B, 4>,
+    kv_heads: usize,
+    group: usize,
+) -> Tensor<B, 4> {
+    bias.repeat_dim(2, group).repeat_dim(1, kv_heads)
+}
+
 /// Grouped-query attention without copying keys and values per query head: q
-/// `[b, heads, L, d]`, k, v `[b, kv_heads, T, d]`, bias `[b, 1, L, T]`. Query head j uses kv
-/// head `j / group` (HF `repeat_kv` semantics): the `group` query heads of one kv head are
-/// stacked along the query axis, `[b, kv_heads, group·L, d]`, and attend to that kv head at once.
+/// `[b, heads, L, d]`, k, v `[b, kv_heads, T, d]`, bias `[b, kv_heads, group·L, T]` from
+/// [`grouped_attention_bias`]. Query head j uses kv head `j / group` (HF `repeat_kv`
+/// semantics): the `group` query heads of one kv head are stacked along the query axis,
+/// `[b, kv_heads, group·L, d]`, and attend to that kv head at once.
 pub fn grouped_query_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -310,16 +377,7 @@ pub fn grouped_query_attention<B: Backend>(
 ) -> Tensor<B, 4> {
     let [b, heads, l, d] = q.dims();
     let kv_heads = k.dims()[1];
-    let group = heads / kv_heads;
-    if group == 1 {
-        return attention(q, k, v, Some(bias), scale);
-    }
-    let t = bias.dims()[3];
-    let q = q.reshape([b, kv_heads, group * l, d]);
-    let bias = bias
-        .unsqueeze_dim::<5>(2)
-        .repeat_dim(2, group)
-        .reshape([b, 1, group * l, t]);
+    let q = q.reshape([b, kv_heads, heads / kv_heads * l, d]);
     attention(q, k, v, Some(bias), scale).reshape([b, heads, l, d])
 }
 

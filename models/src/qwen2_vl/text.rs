@@ -12,8 +12,8 @@ use burn::tensor::DType;
 use super::config::TextConfig;
 use crate::capabilities::KvCache;
 use crate::layers::{
-    Linear, RmsNorm, SwiGluMlp, apply_rotary, causal_padding_bias, grouped_query_attention,
-    inv_freq, rope_tables,
+    Linear, RmsNorm, Rotary, SwiGluMlp, causal_padding_bias, grouped_attention_bias,
+    grouped_query_attention, inv_freq, rope_tables,
 };
 use crate::weights::{Init, WeightSource, WeightVisitor};
 
@@ -51,34 +51,31 @@ impl<B: Backend> TextAttention<B> {
         self.o_proj.export(sink, &format!("{prefix}.o_proj"));
     }
 
-    /// `x` `[b, l, hidden]`, cos/sin `[b, 1, l, head_dim]`, bias `[b, 1, l, past + l]`.
+    /// `x` `[b, l, hidden]`; `rope_q`/`rope_k` for `[b, l, heads, head_dim]` and
+    /// `[b, l, kv_heads, head_dim]`; bias `[b, kv_heads, group·l, past + l]`
+    /// ([`grouped_attention_bias`]). RoPE is applied before the heads are moved forward, while
+    /// the projections' outputs are still contiguous.
     fn forward(
         &self,
         x: Tensor<B, 3>,
-        cos: Tensor<B, 4>,
-        sin: Tensor<B, 4>,
+        rope_q: &Rotary<B>,
+        rope_k: &Rotary<B>,
         bias: Tensor<B, 4>,
         cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
     ) -> Tensor<B, 3> {
         let [b, l, _] = x.dims();
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self
-            .q_proj
-            .forward(x.clone())
-            .reshape([b, l, h, d])
+        let q = rope_q
+            .apply(self.q_proj.forward(x.clone()).reshape([b, l, h, d]))
             .swap_dims(1, 2);
-        let k = self
-            .k_proj
-            .forward(x.clone())
-            .reshape([b, l, kvh, d])
+        let mut k = rope_k
+            .apply(self.k_proj.forward(x.clone()).reshape([b, l, kvh, d]))
             .swap_dims(1, 2);
         let v = self
             .v_proj
             .forward(x)
             .reshape([b, l, kvh, d])
             .swap_dims(1, 2);
-        let q = apply_rotary(q, cos.clone(), sin.clone());
-        let mut k = apply_rotary(k, cos, sin);
         let mut v = v;
         if let Some(slot) = cache {
             if let Some((pk, pv)) = slot.take() {
@@ -215,16 +212,25 @@ impl<B: Backend> TextModel<B> {
     ) -> Tensor<B, 3> {
         let [_, l, _] = embeds.dims();
         let (cos, sin) = rope_tables(positions, &self.inv_freq, &self.mrope_section);
-        let cos = cos.unsqueeze_dim::<4>(1);
-        let sin = sin.unsqueeze_dim::<4>(1);
-        let bias = causal_padding_bias(attention_mask, l);
+        let (heads, kv_heads) = self
+            .layers
+            .first()
+            .map(|layer| (layer.self_attn.num_heads, layer.self_attn.num_kv_heads))
+            .unwrap_or((1, 1));
+        let rope_q = Rotary::new(cos.clone(), sin.clone(), heads);
+        let rope_k = Rotary::new(cos, sin, kv_heads);
+        let bias = grouped_attention_bias(
+            causal_padding_bias(attention_mask, l),
+            kv_heads,
+            heads / kv_heads,
+        );
         let mut h = embeds;
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
             let a = layer.self_attn.forward(
                 layer.input_layernorm.forward(h.clone()),
-                cos.clone(),
-                sin.clone(),
+                &rope_q,
+                &rope_k,
                 bias.clone(),
                 slot,
             );

@@ -16,7 +16,7 @@ use burn::tensor::activation::softmax;
 use super::config::{Flavor, VisionConfig};
 use crate::capabilities::ProcessedImage;
 use crate::layers::{
-    LayerNorm, Linear, MASKED, RmsNorm, SwiGluMlp, apply_rotary, gelu_erf, inv_freq, quick_gelu,
+    LayerNorm, Linear, MASKED, RmsNorm, Rotary, SwiGluMlp, gelu_erf, inv_freq, quick_gelu,
 };
 use crate::weights::{Init, WeightSource, WeightVisitor};
 
@@ -138,13 +138,14 @@ impl<B: Backend> VisionBlock<B> {
         self.mlp.export(sink, &format!("{prefix}.mlp"));
     }
 
-    /// `x` `[N, width]`; cos/sin `[1, N, head_dim]`; attention inside each `(start, len)` of
-    /// `segments`, with an additive bias per segment (window attention) when given.
+    /// `x` `[N, width]`; `rope` for `[1, N, heads, head_dim]`; attention inside each
+    /// `(start, len)` of `segments`, with an additive bias per segment (window attention) when
+    /// given. RoPE is applied in the `[N, heads, head_dim]` layout, before the heads are moved
+    /// forward (see [`Rotary`]).
     fn forward(
         &self,
         x: Tensor<B, 2>,
-        cos: Tensor<B, 3>,
-        sin: Tensor<B, 3>,
+        rope: &Rotary<B>,
         segments: &[(usize, usize)],
         biases: Option<&[Option<Tensor<B, 2>>]>,
     ) -> Tensor<B, 2> {
@@ -155,15 +156,15 @@ impl<B: Backend> VisionBlock<B> {
             .qkv
             .forward(self.norm1.forward(x.clone()))
             .reshape([n, 3, heads, d]);
-        let part = |i: usize| {
-            qkv.clone()
-                .narrow(1, i, 1)
+        let part = |i: usize| qkv.clone().narrow(1, i, 1).reshape([n, heads, d]);
+        let rotated = |i: usize| {
+            rope.apply(part(i).reshape([1, n, heads, d]))
                 .reshape([n, heads, d])
                 .swap_dims(0, 1)
         };
-        let q = apply_rotary(part(0), cos.clone(), sin.clone());
-        let k = apply_rotary(part(1), cos, sin);
-        let v = part(2);
+        let q = rotated(0);
+        let k = rotated(1);
+        let v = part(2).swap_dims(0, 1);
         let scale = 1.0 / (d as f64).sqrt();
         let mut outs = Vec::with_capacity(segments.len());
         for (s, &(start, len)) in segments.iter().enumerate() {
@@ -384,8 +385,7 @@ impl<B: Backend> VisionTower<B> {
             cos = permute(cos.clone());
             sin = permute(sin.clone());
         }
-        let cos = cos.unsqueeze_dim::<3>(0);
-        let sin = sin.unsqueeze_dim::<3>(0);
+        let rope = Rotary::new(cos.unsqueeze_dim(0), sin.unsqueeze_dim(0), c.num_heads);
 
         let frames: Vec<(usize, usize)> = layout
             .cu_seqlens
@@ -408,7 +408,7 @@ impl<B: Backend> VisionTower<B> {
             } else {
                 None
             };
-            x = block.forward(x, cos.clone(), sin.clone(), &frames, biases);
+            x = block.forward(x, &rope, &frames, biases);
             if let Some(t) = trace.as_deref_mut() {
                 t.block_out.push(x.clone());
             }
