@@ -156,7 +156,11 @@ impl Session {
             })?;
             nodes.push(Some(node));
         }
+        // The processes of a multi-process run pair their collective operations by order, so
+        // each runs its nodes one at a time in the graph's topological order (the same order in
+        // every process); replicas within a process still run in parallel inside their node.
         let workers = match graph.run.workers {
+            _ if world > 1 => 1,
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             w => w as usize,
         }

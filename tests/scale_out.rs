@@ -1,0 +1,231 @@
+//! Scale-out end to end, through the `flowrl` binary: the default GRPO graph (small settings) run
+//! on two CPU replicas in one process, and as two processes joined by `flowrl orchestrator` on
+//! loopback, gives the metrics of the same run on one device; a process whose peer never joins
+//! stops with an error within its collective timeout instead of hanging.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
+const GRAPH: &str = "graphs/grpo_vlm.toml";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Small settings of the default graph: 4 prompts × n 4, two mini-batches of 8 responses
+/// (micro-batches of 4).
+const SMALL: &[&str] = &[
+    "--steps",
+    "2",
+    "--set",
+    "nodes.data.batch_size=4",
+    "--set",
+    "nodes.rollout.n=4",
+    "--set",
+    "nodes.rollout.max_new_tokens=8",
+    "--set",
+    "nodes.update.mini_batch_size=2",
+    "--set",
+    "nodes.update.micro_batch_size=4",
+    "--set",
+    "run.checkpoint_every=0",
+];
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.current_dir(root()).args(args).args(SMALL);
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = command(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "flowrl {args:?} failed:\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    out
+}
+
+fn metrics(run_dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Every metric of `b` equals `a`'s within `rel` (timings and throughput excepted).
+fn assert_same_metrics(a: &[Value], b: &[Value], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: steps");
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+        let keys = |m: &serde_json::Map<String, Value>| -> Vec<String> {
+            m.keys()
+                .filter(|k| !k.starts_with("timing") && !k.starts_with("perf/"))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(keys(x), keys(y), "{what}: metric names at step {step}");
+        for k in keys(x) {
+            match (x[&k].as_f64(), y[&k].as_f64()) {
+                (Some(u), Some(v)) => assert!(
+                    (u - v).abs() <= 2e-3 * u.abs().max(v.abs()).max(1e-2),
+                    "{what}: step {step} {k}: {u} (one device) vs {v}"
+                ),
+                _ => assert_eq!(x[&k], y[&k], "{what}: step {step} {k}"),
+            }
+        }
+    }
+    // The run is not trivially equal: it sampled, scored and updated.
+    let last = a.last().unwrap();
+    assert!(last["actor/grad_norm"].as_f64().unwrap() > 0.0);
+    assert!(last["response_length/mean"].as_f64().unwrap() > 0.0);
+}
+
+fn one_device(dir: &Path) -> Vec<Value> {
+    let out = dir.join("one");
+    run(&["run", GRAPH, "--out", out.to_str().unwrap()]);
+    metrics(&out)
+}
+
+#[test]
+fn two_replicas_in_one_process_match_one_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = one_device(dir.path());
+    let out = dir.path().join("two");
+    let graph = dir.path().join("two_replicas.toml");
+    let g = std::fs::read_to_string(root().join(GRAPH))
+        .unwrap()
+        .replace("device = \"auto\"", "devices = [\"cpu:0\", \"cpu:1\"]");
+    assert!(g.contains("devices = [\"cpu:0\", \"cpu:1\"]"));
+    std::fs::write(&graph, g).unwrap();
+    run(&[
+        "run",
+        graph.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_same_metrics(&expected, &metrics(&out), "2 replicas in one process");
+}
+
+/// A port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the child when dropped (a failing assertion must not leave processes behind).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn orchestrator() -> (Killed, u16) {
+    let port = free_port();
+    let child = Command::new(BIN)
+        .args(["orchestrator", "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the orchestrator does not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (Killed(child), port)
+}
+
+fn rank(rank: usize, orchestrator: u16, out: &Path, timeout: &str) -> Command {
+    let node = format!("ws://127.0.0.1:{}", free_port());
+    let orch = format!("ws://127.0.0.1:{orchestrator}");
+    let r = rank.to_string();
+    let mut c = command(&[
+        "run",
+        GRAPH,
+        "--out",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--rank",
+        &r,
+        "--world",
+        "2",
+        "--orchestrator",
+        &orch,
+        "--node-address",
+        &node,
+        "--collective-timeout",
+        timeout,
+    ]);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+#[test]
+fn two_processes_on_loopback_match_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = one_device(dir.path());
+    let (_orchestrator, port) = orchestrator();
+    let outs: Vec<PathBuf> = (0..2)
+        .map(|r| dir.path().join(format!("rank{r}")))
+        .collect();
+    let children: Vec<Child> = (0..2)
+        .map(|r| rank(r, port, &outs[r], "120").spawn().unwrap())
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "rank {r} failed:\n{}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    let (m0, m1) = (metrics(&outs[0]), metrics(&outs[1]));
+    assert_same_metrics(&expected, &m0, "rank 0 of 2 processes");
+    // Both processes hold the whole batch after every gather, so they log the same numbers.
+    assert_same_metrics(&m0, &m1, "rank 1 vs rank 0");
+}
+
+#[test]
+fn a_process_whose_peer_never_joins_stops_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_orchestrator, port) = orchestrator();
+    let start = Instant::now();
+    let out = rank(0, port, &dir.path().join("rank0"), "3")
+        .output()
+        .unwrap();
+    let waited = start.elapsed();
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "rank 0 alone succeeded:\n{err}");
+    assert!(
+        waited < Duration::from_secs(90),
+        "it took {waited:?} to give up"
+    );
+    assert!(
+        err.contains("did not all join") && err.contains("timed out after 3 s"),
+        "{err}"
+    );
+    assert!(err.contains("process 0 of 2"), "{err}");
+}
