@@ -42,6 +42,8 @@ const LOCAL_TIMEOUT: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug)]
 pub struct Replicas {
     placement: Placement,
+    /// The node's name: labels its collective operations (see [`Replica::all_reduce_sum`]).
+    node: String,
 }
 
 /// What one replica's work sees: its global index, the number of replicas, its device, and the
@@ -57,25 +59,29 @@ pub struct Replica<'a> {
     timeout: Duration,
     abort: &'a AtomicBool,
     collective: bool,
+    node: &'a str,
+    /// Collective calls made so far by this replica in this operation.
+    calls: std::cell::Cell<u64>,
 }
 
 impl Replicas {
-    /// The replicas of a node placed by `placement`. Devices must be ones the built-in nodes
-    /// compute on (the CPU).
-    pub fn new(placement: &Placement) -> Result<Self> {
+    /// The replicas of node `node` placed by `placement`. Devices must be ones the built-in
+    /// nodes compute on (the CPU).
+    pub fn new(placement: &Placement, node: &str) -> Result<Self> {
         ensure!(
             !placement.devices.is_empty(),
             "a node needs at least one device"
         );
         for d in &placement.devices {
             ensure!(
-                matches!(d, DeviceSpec::Cpu { .. }),
+                matches!(d, DeviceSpec::Cpu(_)),
                 "device {d} is not supported by the built-in nodes yet (they compute on the CPU \
                  backend); place the run on `cpu` devices"
             );
         }
         Ok(Replicas {
             placement: placement.clone(),
+            node: node.to_string(),
         })
     }
 
@@ -83,6 +89,7 @@ impl Replicas {
     pub fn single() -> Self {
         Replicas {
             placement: Placement::single(DeviceSpec::Cpu(0)),
+            node: String::new(),
         }
     }
 
@@ -106,6 +113,8 @@ impl Replicas {
                 timeout: LOCAL_TIMEOUT,
                 abort: &abort,
                 collective: false,
+                node: &self.node,
+                calls: Default::default(),
             };
             return Ok(vec![work(&r)?]);
         }
@@ -125,6 +134,8 @@ impl Replicas {
                             timeout,
                             abort,
                             collective: true,
+                            node: &self.node,
+                            calls: Default::default(),
                         };
                         let out = work(&r);
                         if out.is_err() {
@@ -188,13 +199,22 @@ fn timeout_of(p: &Placement) -> Duration {
 
 impl Replica<'_> {
     /// The element-wise sum of `values` over all replicas (every replica passes the same length).
-    pub fn all_reduce_sum(&self, values: Vec<f32>) -> Result<Vec<f32>> {
+    ///
+    /// Replicas pair their collective calls by order. To catch a mismatch (processes running
+    /// different graphs or settings) instead of summing unrelated numbers, each call appends a
+    /// label — an integer below 2^16 derived from the node's name and the call's index — and
+    /// checks that the sum of the labels is `world ×` its own (exact in f32).
+    pub fn all_reduce_sum(&self, mut values: Vec<f32>) -> Result<Vec<f32>> {
         if !self.collective {
             return Ok(values);
         }
+        let call = self.calls.get();
+        self.calls.set(call + 1);
+        let label = (flowrl_engine::derive_seed(call, 0, self.node) % (1 << 16) + 1) as f32;
+        values.push(label);
         let len = values.len();
         let peer = self.peer;
-        let out = self.wait("all-reduce", move || {
+        let mut out = self.wait("all-reduce", move || {
             let device = Default::default();
             let t = Tensor::<InferBackend, 1>::from_data(TensorData::new(values, [len]), &device);
             burn_collective::all_reduce::<InferBackend>(
@@ -213,6 +233,14 @@ impl Replica<'_> {
             out.len() == len,
             "all-reduce returned {} values for {len}",
             out.len()
+        );
+        let sum = out.pop().expect("label");
+        ensure!(
+            sum == label * self.world as f32,
+            "collective operations out of order: call {call} of node `{}` on replica {} was summed              with other operations (label sum {sum}, expected {}); every process of a run must              run the same graph with the same settings",
+            self.node,
+            self.index,
+            label * self.world as f32
         );
         Ok(out)
     }
@@ -370,6 +398,8 @@ fn register(p: &Placement) -> Result<()> {
                         timeout,
                         abort,
                         collective: true,
+                        node: "",
+                        calls: Default::default(),
                     };
                     let peer = r.peer;
                     let out = r.wait("registration", move || {
@@ -434,7 +464,7 @@ mod tests {
 
     #[test]
     fn replicas_sum_and_gather_within_one_process() {
-        let replicas = Replicas::new(&placement(3)).unwrap();
+        let replicas = Replicas::new(&placement(3), "test").unwrap();
         let out = replicas
             .run(|r| {
                 let sum = r.all_reduce_sum(vec![r.index as f32, 1.0])?;
@@ -456,7 +486,7 @@ mod tests {
 
     #[test]
     fn a_failing_replica_stops_its_siblings_with_its_own_error() {
-        let replicas = Replicas::new(&placement(2)).unwrap();
+        let replicas = Replicas::new(&placement(2), "test").unwrap();
         let start = Instant::now();
         let err = replicas
             .run(|r| {
@@ -479,12 +509,28 @@ mod tests {
     }
 
     #[test]
+    fn operations_paired_out_of_order_are_an_error_not_a_wrong_sum() {
+        let replicas = Replicas::new(&placement(2), "test").unwrap();
+        let err = replicas
+            .run(|r| {
+                if r.index == 1 {
+                    // As if this replica had skipped a collective call of the others.
+                    r.calls.set(1);
+                }
+                r.all_reduce_sum(vec![1.0, 2.0])
+            })
+            .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("collective operations out of order"), "{msg}");
+    }
+
+    #[test]
     fn cuda_replicas_are_refused_with_a_clear_error() {
         let p = Placement {
             devices: vec![DeviceSpec::Cuda(0)],
             cluster: None,
         };
-        let err = Replicas::new(&p).unwrap_err().to_string();
+        let err = Replicas::new(&p, "test").unwrap_err().to_string();
         assert!(err.contains("cuda:0") && err.contains("CPU"), "{err}");
     }
 }

@@ -92,7 +92,7 @@ impl NodeKind for LogProbKind {
         let p: LogProbParams = params.parse()?;
         let model = ctx.resource::<ModelResource>(&p.model)?;
         Ok(Box::new(LogProbNode {
-            replicas: Replicas::new(&ctx.placement)?,
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
             p,
             model,
         }))

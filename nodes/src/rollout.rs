@@ -166,7 +166,7 @@ impl NodeKind for RolloutKind {
         let model = ctx.resource::<ModelResource>(&p.model)?;
         let stop_ids = stop_token_ids(&model, &p.stop)?;
         Ok(Box::new(RolloutNode {
-            replicas: Replicas::new(&ctx.placement)?,
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
             params: p,
             model,
             stop_ids,

@@ -234,7 +234,7 @@ impl NodeKind for PpoUpdateKind {
         let schedule = p.optim.schedule(ctx.total_steps);
         p.optim.adamw()?;
         Ok(Box::new(PpoUpdateNode {
-            replicas: Replicas::new(&ctx.placement)?,
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
             p,
             model,
             clip,

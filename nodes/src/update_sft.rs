@@ -110,7 +110,7 @@ impl NodeKind for SftUpdateKind {
         p.optim.adamw()?;
         let schedule = p.optim.schedule(ctx.total_steps);
         Ok(Box::new(SftNode {
-            replicas: Replicas::new(&ctx.placement)?,
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
             p,
             model,
             schedule,
