@@ -278,13 +278,19 @@ fn rollout_groups_masks_and_log_probs_match_a_full_forward() {
     assert_eq!(json["response_text"].as_array().unwrap().len(), 16);
     assert_eq!(json["uid"][0], serde_json::json!(r.uid[0]));
     // Sampling log-probs (KV-cache decoding, temperature 1, no truncation) equal the log-probs
-    // of one full forward over prompt + response.
+    // of one full forward over prompt + response, up to f32 rounding: the two paths sum attention
+    // and matmuls in different orders, which moves a few low-probability tokens' log-probs by
+    // up to ~2.5e-3 (seen at log-probs ≈ −6); on average they agree to far less.
     let lp = lp.unwrap();
     let mut worst = 0f32;
+    let mut total = 0f64;
     for (a, b) in r.sampling_log_probs.data.iter().zip(&lp.log_probs.data) {
         worst = worst.max((a - b).abs());
+        total += f64::from((a - b).abs());
     }
-    assert!(worst < 1e-3, "max |sampling − recomputed| = {worst}");
+    let mean = total / r.sampling_log_probs.data.len() as f64;
+    assert!(worst < 5e-3, "max |sampling − recomputed| = {worst}");
+    assert!(mean < 2e-4, "mean |sampling − recomputed| = {mean}");
     for key in [
         "response_length/mean",
         "response_length/clip_ratio",
