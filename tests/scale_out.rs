@@ -26,8 +26,6 @@ const SMALL: &[&str] = &[
     "--set",
     "nodes.rollout.n=4",
     "--set",
-    "nodes.rollout.max_new_tokens=8",
-    "--set",
     "nodes.update.mini_batch_size=2",
     "--set",
     "nodes.update.micro_batch_size=4",
@@ -88,7 +86,11 @@ fn assert_same_metrics(a: &[Value], b: &[Value], what: &str) {
     }
     // The run is not trivially equal: it sampled, scored and updated.
     let last = a.last().unwrap();
-    assert!(last["actor/grad_norm"].as_f64().unwrap() > 0.0);
+    assert!(last["actor/grad_norm"].as_f64().unwrap() > 1e-3);
+    assert!(
+        a.iter()
+            .any(|m| m["critic/score/mean"].as_f64().unwrap() > 0.0)
+    );
     assert!(last["response_length/mean"].as_f64().unwrap() > 0.0);
 }
 

@@ -375,6 +375,7 @@ impl CollectiveSession {
 fn register(p: &Placement) -> Result<()> {
     let mut config = CollectiveConfig::default().with_num_devices(p.local_replicas());
     if let Some(c) = &p.cluster {
+        quiet_network_layer();
         config = config
             .with_num_nodes(c.world as u32)
             .with_global_address(c.orchestrator.parse().map_err(|e: String| anyhow!(e))?)
@@ -433,6 +434,36 @@ fn register(p: &Placement) -> Result<()> {
         return Err(e.context(format!("the run's {world} replicas did not all join{how}")));
     }
     Ok(())
+}
+
+/// burn-communication installs an INFO-level log subscriber with its first server (one line per
+/// tensor download) and panics in its socket tasks when a peer process closes its connection,
+/// which every process of a finished run does. Before the first server starts: a WARN-level
+/// subscriber on stderr, and a panic hook that reports such a socket panic in one line (a
+/// collective left waiting by it still fails with its own timeout error).
+fn quiet_network_layer() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .with_writer(std::io::stderr)
+            .try_init();
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            let network_task = std::thread::current().name() == Some("tokio-rt-worker");
+            if network_task && message.contains("websocket") {
+                eprintln!("note: a peer process closed its collective connection ({message})");
+            } else {
+                previous(info);
+            }
+        }));
+    });
 }
 
 #[cfg(test)]
