@@ -154,19 +154,18 @@ impl Replicas {
                 .collect()
         });
         let mut out = Vec::with_capacity(results.len());
-        let mut first_error = None;
+        // A sibling stopped by the failure reports `Aborted`; the error to return is the cause.
+        let (mut cause, mut aborted) = (None, None);
         for (i, r) in results.into_iter().enumerate() {
             match r {
                 Ok(v) => out.push(v),
-                // A sibling's "stopped" error is a consequence; report the cause.
-                Err(e) if first_error.is_none() || !is_abort(&e) => {
-                    if first_error.as_ref().is_none_or(is_abort) {
-                        first_error = Some(e.context(format!("replica {}", first + i)));
-                    }
+                Err(e) => {
+                    let slot = if is_abort(&e) { &mut aborted } else { &mut cause };
+                    slot.get_or_insert_with(|| e.context(format!("replica {}", first + i)));
                 }
-                Err(_) => {}
             }
         }
+        let first_error = cause.or(aborted);
         match first_error {
             None => Ok(out),
             Some(e) => {
