@@ -6,7 +6,9 @@
 //! layers, vocab 32000, vision tower of 4 blocks). A batch is `BENCH_BATCH` sequences (default
 //! 8, the reduced comparison's micro-batch) laid out as the update node lays them out: a prompt
 //! of 8 text tokens, `<vision_start>`, the 64 tokens of one 224×224 image, `<vision_end>` and
-//! text up to 109 tokens, then `BENCH_NEW` response tokens (default 32).
+//! text up to 109 tokens, then `BENCH_NEW` response tokens (default 32). Rows come in groups of
+//! `BENCH_N` (default 4, the reduced comparison's n) answering one prompt, so they share its
+//! image, as in a GRPO batch; embeddings go through the nodes' `input_embeddings_shared`.
 //!
 //! Modes (each runs a warm-up repetition, then `BENCH_REPS` measured ones, default 3; 0 = one
 //! run without warm-up, for callgrind; each prints
@@ -34,6 +36,7 @@ use flowrl_algorithms::{
     ClipConfig, GlobalBatchInfo, LossAggMode, entropy_and_logprobs_from_hidden, policy_loss_vanilla,
 };
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
+use flowrl_nodes::sequences::input_embeddings_shared;
 
 type Ad = Autodiff<Flex>;
 
@@ -70,26 +73,36 @@ fn image(seed: usize) -> ProcessedImage {
 struct Batch {
     tokens: PaddedBatch,
     images: Vec<ProcessedImage>,
+    /// Per image, the index of its first occurrence (rows of one prompt share its image).
+    image_first: Vec<usize>,
     labels: Vec<i64>,
     batch: usize,
     new: usize,
 }
 
 /// `special` = (vision start, image, vision end) token ids; text ids are drawn from 1000..20000.
-fn batch(batch: usize, new: usize, special: [u32; 3]) -> Batch {
-    let images: Vec<ProcessedImage> = (0..batch).map(image).collect();
+/// Rows come in groups of `n` answering one prompt (same prompt tokens and image, different
+/// responses), as the rollout node lays them out.
+fn batch(batch: usize, n: usize, new: usize, special: [u32; 3]) -> Batch {
+    let images: Vec<ProcessedImage> = (0..batch).map(|b| image(b / n)).collect();
+    let image_first: Vec<usize> = (0..batch).map(|b| b / n * n).collect();
     let mut rows = Vec::new();
     let mut labels = Vec::new();
     for b in 0..batch {
+        let p = b / n;
         let mut row: Vec<u32> = (0..8)
-            .map(|i| (1000 + (b * 31 + i * 17) % 1000) as u32)
+            .map(|i| (1000 + (p * 31 + i * 17) % 1000) as u32)
             .collect();
         row.push(special[0]);
         row.extend(std::iter::repeat_n(special[1], images[b].num_tokens));
         row.push(special[2]);
         let mut i = 0;
+        while row.len() < PROMPT {
+            row.push((1000 + (p * 131 + i * 71) % 19000) as u32);
+            i += 1;
+        }
         while row.len() < PROMPT + new {
-            row.push((1000 + (b * 131 + i * 71) % 19000) as u32);
+            row.push((1000 + (b * 137 + i * 73) % 19000) as u32);
             i += 1;
         }
         labels.extend(row[PROMPT..].iter().map(|&x| x as i64));
@@ -98,6 +111,7 @@ fn batch(batch: usize, new: usize, special: [u32; 3]) -> Batch {
     Batch {
         tokens: PaddedBatch::left_pad(&rows, 0),
         images,
+        image_first,
         labels,
         batch,
         new,
@@ -122,7 +136,7 @@ fn log_probs<B: Backend>(
     device: &B::Device,
 ) -> Result<(Tensor<B, 2>, Tensor<B, 2>)> {
     let lm = model.causal_lm();
-    let embeds = model.input_embeddings(&x.tokens, &x.images, device)?;
+    let embeds = input_embeddings_shared(model, &x.tokens, &x.images, &x.image_first, device)?;
     let positions = model.position_ids(&x.tokens, &x.images)?;
     let hidden = lm.forward_hidden(
         x.tokens.ids_tensor::<B>(device),
@@ -252,6 +266,23 @@ fn param_sum(model: &Model<Ad>, device: &FlexDevice) -> Tensor<Ad, 1> {
     s.0
 }
 
+/// CPU seconds (user + system, all threads) this process has used, from `/proc/self/stat`
+/// (clock ticks of 1/100 s): unlike wall time, barely affected by other jobs on a shared machine.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    if f.len() > 13 {
+        (f[11] + f[12]) / 100.0
+    } else {
+        f64::NAN
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -261,6 +292,7 @@ fn main() -> Result<()> {
     let mode = std::env::args().nth(1).unwrap_or_default();
     let reps = env("BENCH_REPS", 3);
     let b = env("BENCH_BATCH", 8);
+    let n = env("BENCH_N", 4).max(1);
     let new = env("BENCH_NEW", 32);
     let config_path = concat!(env!("CARGO_MANIFEST_DIR"), "/model_config.json");
     let config = std::fs::read_to_string(config_path).with_context(|| config_path.to_string())?;
@@ -276,21 +308,25 @@ fn main() -> Result<()> {
         id("vision_end_token_id")?,
     ];
     let device = Default::default();
-    let x = batch(b, new, special);
+    let x = batch(b, n, new, special);
     // BENCH_REPS=0: a single run and no warm-up (for callgrind, which is ~50× slower).
     let runs = reps.max(1) + usize::from(reps > 0);
-    let mut times: Vec<[f64; 3]> = Vec::new();
+    let mut times: Vec<([f64; 3], f64)> = Vec::new();
     match mode.as_str() {
         "update" => {
             let mut model = Model::<Ad>::random(&config, &device, 0)?;
             for _ in 0..runs {
-                times.push(measured_update(&mut model, &x, &device)?);
+                let c0 = cpu_seconds();
+                let t = measured_update(&mut model, &x, &device)?;
+                times.push((t, cpu_seconds() - c0));
             }
         }
         "logprob" => {
             let model = Model::<Ad>::random(&config, &device, 0)?.valid();
             for _ in 0..runs {
-                times.push(measured_logprob(&model, &x, &device)?);
+                let c0 = cpu_seconds();
+                let t = measured_logprob(&model, &x, &device)?;
+                times.push((t, cpu_seconds() - c0));
             }
         }
         "head" => {
@@ -302,13 +338,17 @@ fn main() -> Result<()> {
             );
             let labels = x.labels::<Ad>(&device);
             for _ in 0..runs {
-                times.push(measured_head(&model, &hidden, &labels)?);
+                let c0 = cpu_seconds();
+                let t = measured_head(&model, &hidden, &labels)?;
+                times.push((t, cpu_seconds() - c0));
             }
         }
         "adamw" => {
             let mut model = Model::<Ad>::random(&config, &device, 0)?;
             for _ in 0..runs {
-                times.push(measured_adamw(&mut model, &device)?);
+                let c0 = cpu_seconds();
+                let t = measured_adamw(&mut model, &device)?;
+                times.push((t, cpu_seconds() - c0));
             }
         }
         _ => bail!(
@@ -316,14 +356,16 @@ fn main() -> Result<()> {
         ),
     }
     let measured = &times[times.len() - reps.max(1)..];
-    let col = |i: usize| median(measured.iter().map(|t| t[i]).collect());
+    let col = |i: usize| median(measured.iter().map(|(t, _)| t[i]).collect());
     println!(
-        "mode {mode}: batch {b} x ({PROMPT} prompt + {new} response) tokens, {reps} reps after a warm-up; \
-         median seconds: forward {:.3}, backward {:.3}, optimizer {:.3}, total {:.3}",
+        "mode {mode}: batch {b} x ({PROMPT} prompt + {new} response) tokens, n = {n} rows per prompt, {reps} reps after a warm-up; \
+         median seconds: forward {:.3}, backward {:.3}, optimizer {:.3}, total {:.3}; \
+         median CPU seconds (all threads) {:.2}",
         col(0),
         col(1),
         col(2),
-        median(measured.iter().map(|t| t.iter().sum()).collect())
+        median(measured.iter().map(|(t, _)| t.iter().sum()).collect()),
+        median(measured.iter().map(|(_, c)| *c).collect()),
     );
     Ok(())
 }
