@@ -46,16 +46,35 @@ fn logp_of<B: Backend>(
         .squeeze_dim(2)
 }
 
-/// Entropy and label log-probs of one block.
+/// Entropy and label log-probs `[B, t]` of one `[B, t, V]` block, with three vocabulary-sized
+/// tensors instead of the five that [`entropy_of`] + [`logp_of`] build (and fewer again in the
+/// backward). With x = z − max(z) (max detached), e = exp(x), s = Σ_v e_v:
+///
+/// * log p(y) = x_y − log s (= z_y − logsumexp(z));
+/// * H = log s − Σ_v e_v·x_v / s (= lse − Σ softmax(z)·z, since softmax = e / s and the shift
+///   cancels: Σ softmax·(z − max) = Σ softmax·z − max).
+///
+/// Same values up to float rounding; the full tensors are x, e and e·x. This is the LM-head
+/// path of every log-prob and update pass (32k-vocabulary blocks), where each full tensor is a
+/// pass over memory in the forward and one or two more in the backward.
 fn both<B: Backend>(
     logits: Tensor<B, 3>,
     labels: Tensor<B, 2, Int>,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
-    let (shifted, lse) = shift_lse(logits);
-    (
-        entropy_of(shifted.clone(), lse.clone()),
-        logp_of(shifted, lse, labels),
-    )
+    let max = logits.clone().detach().max_dim(2);
+    let shifted = logits.sub(max);
+    let e = shifted.clone().exp();
+    let s = e.clone().sum_dim(2);
+    let log_s = s.clone().log();
+    let entropy = log_s
+        .clone()
+        .sub(e.mul(shifted.clone()).sum_dim(2).div(s))
+        .squeeze_dim(2);
+    let logp = shifted
+        .gather(2, labels.unsqueeze_dim(2))
+        .sub(log_s)
+        .squeeze_dim(2);
+    (entropy, logp)
 }
 
 fn check_labels<B: Backend>(logits_dims: [usize; 3], labels: &Tensor<B, 2, Int>) -> Result<()> {
@@ -211,4 +230,70 @@ pub fn entropy_loss<B: Backend>(
 ) -> Result<Tensor<B, 1>> {
     let h = entropy_from_logits(logits)?;
     agg_loss(h, response_mask, mode, &GlobalBatchInfo::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+
+    type Ad = Autodiff<Flex>;
+
+    fn values<const D: usize>(t: Tensor<Flex, D>) -> Vec<f32> {
+        t.into_data().into_vec::<f32>().unwrap()
+    }
+
+    /// The fused block computation (`both`, behind the chunked functions) gives the values and
+    /// the logits gradient of the separate formulas (`entropy_from_logits` +
+    /// `logprobs_from_logits`), on logits with a large common offset and a wide spread.
+    #[test]
+    fn fused_block_matches_the_separate_formulas_in_values_and_gradient() {
+        let device = Default::default();
+        let [b, t, v] = [2, 5, 300];
+        let n = b * t * v;
+        let z: Vec<f32> = (0..n)
+            .map(|i| 40.0 + ((i * 7919) % 997) as f32 / 997.0 * 12.0 - 6.0)
+            .collect();
+        let labels: Vec<i64> = (0..b * t).map(|i| ((i * 131) % v) as i64).collect();
+        let weights: Vec<f32> = (0..b * t).map(|i| (i % 7) as f32 / 3.0 - 1.0).collect();
+        let run = |fused: bool| {
+            let logits = Tensor::<Ad, 1>::from_data(TensorData::new(z.clone(), [n]), &device)
+                .reshape([b, t, v])
+                .require_grad();
+            let y =
+                Tensor::<Ad, 1, Int>::from_data(TensorData::new(labels.clone(), [b * t]), &device)
+                    .reshape([b, t]);
+            let (h, lp) = if fused {
+                entropy_and_logprobs_chunked(logits.clone(), y, 2).unwrap()
+            } else {
+                (
+                    entropy_from_logits(logits.clone()).unwrap(),
+                    logprobs_from_logits(logits.clone(), y).unwrap(),
+                )
+            };
+            let w = Tensor::<Ad, 1>::from_data(TensorData::new(weights.clone(), [b * t]), &device)
+                .reshape([b, t]);
+            let loss = (h.clone() * w.clone()).sum() + (lp.clone() * w.mul_scalar(0.5)).sum();
+            let grads = loss.backward();
+            (
+                values(h.inner()),
+                values(lp.inner()),
+                values(logits.grad(&grads).unwrap()),
+            )
+        };
+        let (h1, l1, g1) = run(true);
+        let (h0, l0, g0) = run(false);
+        for (name, a, b, tol) in [
+            ("entropy", h1, h0, 2e-6),
+            ("log-prob", l1, l0, 2e-6),
+            ("logits gradient", g1, g0, 1e-6),
+        ] {
+            let d = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+                .fold(0.0f32, f32::max);
+            assert!(d <= tol, "{name}: relative difference {d} > {tol}");
+        }
+    }
 }
