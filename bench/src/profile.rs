@@ -283,6 +283,18 @@ fn cpu_seconds() -> f64 {
     }
 }
 
+/// The benchmark model: `bench/work/model` when `bench/run.sh` has written it (loading is a copy,
+/// cheap under valgrind), else the same random weights made here (`Model::random`, seed 0: the
+/// 61 M normal draws dominate a callgrind run's setup).
+fn load(config: &str, device: &FlexDevice) -> Result<Model<Ad>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("work/model");
+    if dir.join("model.safetensors").exists() {
+        Model::load(&dir, device)
+    } else {
+        Model::random(config, device, 0)
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -314,7 +326,7 @@ fn main() -> Result<()> {
     let mut times: Vec<([f64; 3], f64)> = Vec::new();
     match mode.as_str() {
         "update" => {
-            let mut model = Model::<Ad>::random(&config, &device, 0)?;
+            let mut model = load(&config, &device)?;
             for _ in 0..runs {
                 let c0 = cpu_seconds();
                 let t = measured_update(&mut model, &x, &device)?;
@@ -322,7 +334,7 @@ fn main() -> Result<()> {
             }
         }
         "logprob" => {
-            let model = Model::<Ad>::random(&config, &device, 0)?.valid();
+            let model = load(&config, &device)?.valid();
             for _ in 0..runs {
                 let c0 = cpu_seconds();
                 let t = measured_logprob(&model, &x, &device)?;
@@ -330,7 +342,7 @@ fn main() -> Result<()> {
             }
         }
         "head" => {
-            let model = Model::<Ad>::random(&config, &device, 0)?;
+            let model = load(&config, &device)?;
             let hidden = Tensor::<Ad, 3>::random(
                 [b, new, model.causal_lm().hidden_size()],
                 burn::tensor::Distribution::Normal(0.0, 1.0),
@@ -344,7 +356,7 @@ fn main() -> Result<()> {
             }
         }
         "adamw" => {
-            let mut model = Model::<Ad>::random(&config, &device, 0)?;
+            let mut model = load(&config, &device)?;
             for _ in 0..runs {
                 let c0 = cpu_seconds();
                 let t = measured_adamw(&mut model, &device)?;
