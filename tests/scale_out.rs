@@ -19,8 +19,6 @@ fn root() -> &'static Path {
 /// Small settings of the default graph: 4 prompts × n 4, two mini-batches of 8 responses
 /// (micro-batches of 4).
 const SMALL: &[&str] = &[
-    "--steps",
-    "2",
     "--set",
     "nodes.data.batch_size=4",
     "--set",
@@ -96,7 +94,7 @@ fn assert_same_metrics(a: &[Value], b: &[Value], what: &str) {
 
 fn one_device(dir: &Path) -> Vec<Value> {
     let out = dir.join("one");
-    run(&["run", GRAPH, "--out", out.to_str().unwrap()]);
+    run(&["run", GRAPH, "--steps", "2", "--out", out.to_str().unwrap()]);
     metrics(&out)
 }
 
@@ -114,6 +112,8 @@ fn two_replicas_in_one_process_match_one_device() {
     run(&[
         "run",
         graph.to_str().unwrap(),
+        "--steps",
+        "2",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -158,13 +158,15 @@ fn orchestrator() -> (Killed, u16) {
     (Killed(child), port)
 }
 
-fn rank(rank: usize, orchestrator: u16, out: &Path, timeout: &str) -> Command {
+fn rank(rank: usize, orchestrator: u16, out: &Path, timeout: &str, steps: &str) -> Command {
     let node = format!("ws://127.0.0.1:{}", free_port());
     let orch = format!("ws://127.0.0.1:{orchestrator}");
     let r = rank.to_string();
     let mut c = command(&[
         "run",
         GRAPH,
+        "--steps",
+        steps,
         "--out",
         out.to_str().unwrap(),
         "--device",
@@ -193,7 +195,7 @@ fn two_processes_on_loopback_match_one_process() {
         .map(|r| dir.path().join(format!("rank{r}")))
         .collect();
     let children: Vec<Child> = (0..2)
-        .map(|r| rank(r, port, &outs[r], "120").spawn().unwrap())
+        .map(|r| rank(r, port, &outs[r], "120", "2").spawn().unwrap())
         .collect();
     for (r, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output().unwrap();
@@ -215,7 +217,7 @@ fn a_process_whose_peer_never_joins_stops_with_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let (_orchestrator, port) = orchestrator();
     let start = Instant::now();
-    let out = rank(0, port, &dir.path().join("rank0"), "3")
+    let out = rank(0, port, &dir.path().join("rank0"), "3", "2")
         .output()
         .unwrap();
     let waited = start.elapsed();
@@ -230,4 +232,40 @@ fn a_process_whose_peer_never_joins_stops_with_an_error() {
         "{err}"
     );
     assert!(err.contains("process 0 of 2"), "{err}");
+}
+
+#[test]
+fn a_process_whose_peer_dies_mid_run_stops_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_orchestrator, port) = orchestrator();
+    let outs: Vec<PathBuf> = (0..2)
+        .map(|r| dir.path().join(format!("rank{r}")))
+        .collect();
+    let survivor = rank(0, port, &outs[0], "5", "200").spawn().unwrap();
+    let mut victim = Killed(rank(1, port, &outs[1], "5", "200").spawn().unwrap());
+    // Kill rank 1 once it has finished a step (the collective is set up and working).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(outs[1].join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
+        assert!(Instant::now() < deadline, "rank 1 never finished a step");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    victim.0.kill().unwrap();
+    let killed_at = Instant::now();
+    let out = survivor.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "rank 0 finished without its peer:\n{err}"
+    );
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(60),
+        "rank 0 took {:?} to stop",
+        killed_at.elapsed()
+    );
+    // Either the broken connection or the 5 s wait ends it, with the same explanation.
+    assert!(
+        err.contains("collective") && err.contains("a process failed or exited"),
+        "{err}"
+    );
+    assert!(!err.contains("stack backtrace"), "{err}");
 }

@@ -160,7 +160,11 @@ impl Replicas {
             match r {
                 Ok(v) => out.push(v),
                 Err(e) => {
-                    let slot = if is_abort(&e) { &mut aborted } else { &mut cause };
+                    let slot = if is_abort(&e) {
+                        &mut aborted
+                    } else {
+                        &mut cause
+                    };
                     slot.get_or_insert_with(|| e.context(format!("replica {}", first + i)));
                 }
             }
@@ -279,7 +283,10 @@ impl Replica<'_> {
         loop {
             match rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => bail!("collective {what} failed: {e:?}"),
+                Ok(Err(e)) => bail!(
+                    "collective {what} failed ({e:?}): the connection to another replica's \
+                     process broke (a process failed or exited; see its log)"
+                ),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     bail!("collective {what}: the collective thread ended without an answer")
                 }
@@ -291,8 +298,8 @@ impl Replica<'_> {
             if start.elapsed() >= self.timeout {
                 bail!(
                     "collective {what} timed out after {} s: replica {} of {} waited for the \
-                     others, and at least one did not take part (a process that failed, exited \
-                     or never joined; see its log)",
+                     others, and at least one did not take part (a process failed or exited, or \
+                     never joined; see its log)",
                     self.timeout.as_secs(),
                     self.index,
                     self.world
@@ -345,6 +352,17 @@ impl CollectiveSession {
                 && r.cluster == wanted.cluster
         });
         if !current {
+            if let Some(old) = guard.as_ref()
+                && old.poisoned
+                && old.cluster.is_some()
+            {
+                // The connections between processes are gone with the failure; the run stops.
+                bail!(
+                    "the collective between the run's processes failed earlier in this run (see \
+                     the first error); a multi-process run cannot continue without all its \
+                     processes"
+                );
+            }
             if let Some(old) = guard.take() {
                 if old.poisoned {
                     burn_collective::reset_collective::<InferBackend>();
@@ -436,10 +454,10 @@ fn register(p: &Placement) -> Result<()> {
 }
 
 /// burn-communication installs an INFO-level log subscriber with its first server (one line per
-/// tensor download) and panics in its socket tasks when a peer process closes its connection,
-/// which every process of a finished run does. Before the first server starts: a WARN-level
-/// subscriber on stderr, and a panic hook that reports such a socket panic in one line (a
-/// collective left waiting by it still fails with its own timeout error).
+/// tensor download), and burn-collective's network tasks panic when a peer process closes its
+/// connection, which every process of a finished run does. Before the first server starts: a
+/// WARN-level subscriber on stderr, and a panic hook that reports a panic of those tasks in one
+/// line (the collective call waiting on it still fails with its own error or timeout).
 fn quiet_network_layer() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -455,9 +473,10 @@ fn quiet_network_layer() {
                 .map(String::as_str)
                 .or_else(|| info.payload().downcast_ref::<&str>().copied())
                 .unwrap_or("");
+            // Only burn-collective's and burn-communication's runtime runs on these threads.
             let network_task = std::thread::current().name() == Some("tokio-rt-worker");
-            if network_task && message.contains("websocket") {
-                eprintln!("note: a peer process closed its collective connection ({message})");
+            if network_task {
+                eprintln!("note: a collective network task stopped: {message}");
             } else {
                 previous(info);
             }
