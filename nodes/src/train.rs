@@ -285,7 +285,7 @@ fn unflatten_step(
     let numel: usize = shapes.0.iter().sum();
     let params = shapes.0.len();
     ensure!(
-        flat.len() >= numel + params + 1,
+        flat.len() > numel + params,
         "the all-reduced step holds {} values, fewer than the model's {numel} + {params} + 1",
         flat.len()
     );
