@@ -119,40 +119,8 @@ impl Replicas {
             return Ok(vec![work(&r)?]);
         }
         let guard = CollectiveSession::acquire(&self.placement)?;
-        let timeout = timeout_of(&self.placement);
         let first = self.placement.first_replica();
-        let results: Vec<Result<T>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..self.placement.local_replicas())
-                .map(|i| {
-                    let (abort, work) = (&abort, &work);
-                    s.spawn(move || {
-                        let r = Replica {
-                            index: first + i,
-                            world,
-                            device: TrainDevice::default(),
-                            peer: PeerId((first + i) as u32),
-                            timeout,
-                            abort,
-                            collective: true,
-                            node: &self.node,
-                            calls: Default::default(),
-                        };
-                        let out = work(&r);
-                        if out.is_err() {
-                            abort.store(true, Ordering::SeqCst);
-                        }
-                        out
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow!("a replica thread panicked")))
-                })
-                .collect()
-        });
+        let results = on_local_replicas(&self.placement, &self.node, work);
         let mut out = Vec::with_capacity(results.len());
         // A sibling stopped by the failure reports `Aborted`; the error to return is the cause.
         let (mut cause, mut aborted) = (None, None);
@@ -178,6 +146,50 @@ impl Replicas {
             }
         }
     }
+}
+
+/// Runs `work` on one thread per local replica of `p`, each a collective peer with its global
+/// index, and returns every result in local order; a failing replica sets the abort flag its
+/// siblings' collective waits poll.
+fn on_local_replicas<T: Send>(
+    p: &Placement,
+    node: &str,
+    work: impl Fn(&Replica<'_>) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    let abort = AtomicBool::new(false);
+    let (timeout, first, world) = (timeout_of(p), p.first_replica(), p.world_replicas());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..p.local_replicas())
+            .map(|i| {
+                let (abort, work) = (&abort, &work);
+                s.spawn(move || {
+                    let r = Replica {
+                        index: first + i,
+                        world,
+                        device: TrainDevice::default(),
+                        peer: PeerId((first + i) as u32),
+                        timeout,
+                        abort,
+                        collective: true,
+                        node,
+                        calls: Default::default(),
+                    };
+                    let out = work(&r);
+                    if out.is_err() {
+                        abort.store(true, Ordering::SeqCst);
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a replica thread panicked")))
+            })
+            .collect()
+    })
 }
 
 /// The error a replica returns when a sibling failed first.
@@ -399,44 +411,12 @@ fn register(p: &Placement) -> Result<()> {
             .with_node_address(c.node_address.parse().map_err(|e: String| anyhow!(e))?)
             .with_data_service_port(c.data_port);
     }
-    let abort = AtomicBool::new(false);
-    let timeout = timeout_of(p);
-    let first = p.first_replica();
     let world = p.world_replicas();
-    let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..p.local_replicas())
-            .map(|i| {
-                let (config, abort) = (config.clone(), &abort);
-                s.spawn(move || {
-                    let r = Replica {
-                        index: first + i,
-                        world,
-                        device: TrainDevice::default(),
-                        peer: PeerId((first + i) as u32),
-                        timeout,
-                        abort,
-                        collective: true,
-                        node: "",
-                        calls: Default::default(),
-                    };
-                    let peer = r.peer;
-                    let out = r.wait("registration", move || {
-                        burn_collective::register::<InferBackend>(peer, Default::default(), config)
-                    });
-                    if out.is_err() {
-                        abort.store(true, Ordering::SeqCst);
-                    }
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("registration panicked")))
-            })
-            .collect()
+    let results = on_local_replicas(p, "", |r| {
+        let (peer, config) = (r.peer, config.clone());
+        r.wait("registration", move || {
+            burn_collective::register::<InferBackend>(peer, Default::default(), config)
+        })
     });
     let failed = results.into_iter().find_map(Result::err);
     if let Some(e) = failed {
