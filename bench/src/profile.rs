@@ -88,13 +88,13 @@ fn batch(batch: usize, n: usize, new: usize, special: [u32; 3]) -> Batch {
     let image_first: Vec<usize> = (0..batch).map(|b| b / n * n).collect();
     let mut rows = Vec::new();
     let mut labels = Vec::new();
-    for b in 0..batch {
+    for (b, image) in images.iter().enumerate() {
         let p = b / n;
         let mut row: Vec<u32> = (0..8)
             .map(|i| (1000 + (p * 31 + i * 17) % 1000) as u32)
             .collect();
         row.push(special[0]);
-        row.extend(std::iter::repeat_n(special[1], images[b].num_tokens));
+        row.extend(std::iter::repeat_n(special[1], image.num_tokens));
         row.push(special[2]);
         let mut i = 0;
         while row.len() < PROMPT {
@@ -165,7 +165,13 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
     let adv = Tensor::<Ad, 1>::from_data(
         TensorData::new(
             (0..x.batch * x.new)
-                .map(|i| if (i / x.new) % 2 == 0 { 1.0f32 } else { -1.0 })
+                .map(|i| {
+                    if (i / x.new).is_multiple_of(2) {
+                        1.0f32
+                    } else {
+                        -1.0
+                    }
+                })
                 .collect(),
             [x.batch * x.new],
         ),
