@@ -71,12 +71,11 @@ impl<B: Backend> TextAttention<B> {
         let mut k = rope_k
             .apply(self.k_proj.forward(x.clone()).reshape([b, l, kvh, d]))
             .swap_dims(1, 2);
-        let v = self
+        let mut v = self
             .v_proj
             .forward(x)
             .reshape([b, l, kvh, d])
             .swap_dims(1, 2);
-        let mut v = v;
         if let Some(slot) = cache {
             if let Some((pk, pv)) = slot.take() {
                 k = Tensor::cat(vec![pk, k], 2);
