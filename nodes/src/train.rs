@@ -180,6 +180,26 @@ pub fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
     t.into_scalar().elem::<f64>()
 }
 
+/// The global normaliser of one optimizer step over `rows` of `batch` (verl's
+/// `global_batch_info`): its valid-token count and row count, with `dp_size` = the replica count,
+/// so each replica's globally normalised loss carries the factor the gradient mean divides away.
+pub fn global_batch_info(
+    batch: &crate::values::RolloutBatch,
+    rows: &[usize],
+    replicas: &Replicas,
+) -> flowrl_algorithms::GlobalBatchInfo {
+    let tokens: f64 = rows
+        .iter()
+        .map(|&r| batch.response_mask.row(r).iter().sum::<f32>() as f64)
+        .sum();
+    flowrl_algorithms::GlobalBatchInfo {
+        dp_size: replicas.world(),
+        batch_num_tokens: Some(tokens.max(1.0)),
+        global_batch_size: Some(rows.len() as f64),
+        loss_scale_factor: None,
+    }
+}
+
 /// What one replica computed for one optimizer step: its accumulated gradients (`None` when a
 /// loss was not finite) and statistics that add up over replicas (sums and counts).
 pub struct PartialStep {
@@ -188,10 +208,11 @@ pub struct PartialStep {
 }
 
 /// The gradients of one optimizer step over `rows`, computed data-parallel
-/// ([`crate::data_parallel`]): replica `i` of `W` runs `compute(model, rows_i, W)` on its
+/// ([`crate::data_parallel`]): replica `i` of `W` runs `compute(model, rows_i)` on its
 /// contiguous share `rows_i` of the rows, with its own copy of `model` (same parameter ids);
 /// the gradients are averaged over replicas (sum / `W`) and the statistics summed. `compute` must
-/// normalise its loss globally and scale it by `W` (`GlobalBatchInfo::dp_size`), so the mean is
+/// normalise its loss globally and scale it by `W = replicas.world()` (`GlobalBatchInfo::dp_size`,
+/// see [`global_batch_info`]), so the mean is
 /// the gradient of the whole step's loss, as verl's FSDP actor. When any replica's loss was not
 /// finite, every replica gets `None` (the step is skipped everywhere).
 ///
@@ -201,16 +222,16 @@ pub fn replicated_grads(
     replicas: &Replicas,
     model: &flowrl_models::Model<TrainBackend>,
     rows: &[usize],
-    compute: impl Fn(&flowrl_models::Model<TrainBackend>, &[usize], usize) -> Result<PartialStep> + Sync,
+    compute: impl Fn(&flowrl_models::Model<TrainBackend>, &[usize]) -> Result<PartialStep> + Sync,
 ) -> Result<PartialStep> {
     use burn::module::AutodiffModule;
     if replicas.world() == 1 {
-        return compute(model, rows, 1);
+        return compute(model, rows);
     }
     let mut out = replicas.run(|r| {
         let mine = &rows[shard(rows.len(), r.world, r.index)];
         let copy = flowrl_models::Model::<TrainBackend>::from_inner(model.valid());
-        let partial = compute(&copy, mine, r.world)?;
+        let partial = compute(&copy, mine)?;
         let flat = flatten_step(&copy, partial);
         let flat = r.all_reduce_sum(flat)?;
         unflatten_step(&copy, flat, r.world)

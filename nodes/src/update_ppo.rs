@@ -47,8 +47,8 @@ use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{
-    OptimParams, PartialStep, guarded_step, optim_param_specs, replicated_grads, rows_tensor,
-    scalar,
+    OptimParams, PartialStep, global_batch_info, guarded_step, optim_param_specs, replicated_grads,
+    rows_tensor, scalar,
 };
 use crate::validate::{upstream_batch_size, upstream_rollout_n};
 use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
@@ -365,13 +365,13 @@ impl Node for PpoUpdateNode {
         let world = self.replicas.world();
         for _epoch in 0..self.p.ppo_epochs {
             for mini in rows.chunks(mini_rows) {
-                let step =
-                    replicated_grads(&self.replicas, &state.model, mini, |model, mine, world| {
-                        self.mini_batch_grads(
-                            model, &rollouts, &adv, old, reference, mini, mine, micro_rows, world,
-                        )
-                    })
-                    .with_context(|| format!("update `{}`", ctx.node_name()))?;
+                let info = global_batch_info(&rollouts, mini, &self.replicas);
+                let step = replicated_grads(&self.replicas, &state.model, mini, |model, mine| {
+                    self.mini_batch_grads(
+                        model, &rollouts, &adv, old, reference, &info, mine, micro_rows,
+                    )
+                })
+                .with_context(|| format!("update `{}`", ctx.node_name()))?;
                 let m = MicroSums::from_slice(&step.stats)?;
                 sums.micro.add(&m);
                 if step.grads.is_some() {
@@ -439,9 +439,9 @@ impl Node for PpoUpdateNode {
 }
 
 impl PpoUpdateNode {
-    /// One replica's accumulated gradients over its rows `mine` of the mini-batch `mini`
-    /// (`None` when a micro-batch loss is not finite), with its [`MicroSums`]. The loss is
-    /// normalised over the whole mini-batch and scaled by the replica count `world`.
+    /// One replica's accumulated gradients over its rows `mine` of a mini-batch (`None` when a
+    /// micro-batch loss is not finite), with its [`MicroSums`]. The loss is normalised by the
+    /// mini-batch's `info` (its token and row counts, scaled by the replica count).
     #[allow(clippy::too_many_arguments)]
     fn mini_batch_grads(
         &self,
@@ -450,23 +450,12 @@ impl PpoUpdateNode {
         adv: &AdvantageBatch,
         old: Option<&TokenLogProbs>,
         reference: Option<&TokenLogProbs>,
-        mini: &[usize],
+        info: &GlobalBatchInfo,
         mine: &[usize],
         micro_rows: usize,
-        world: usize,
     ) -> Result<PartialStep> {
         type B = TrainBackend;
         let device = TrainDevice::default();
-        let mb_tokens: f64 = mini
-            .iter()
-            .map(|&r| rollouts.response_mask.row(r).iter().sum::<f32>() as f64)
-            .sum();
-        let info = GlobalBatchInfo {
-            dp_size: world,
-            batch_num_tokens: Some(mb_tokens.max(1.0)),
-            global_batch_size: Some(mini.len() as f64),
-            loss_scale_factor: None,
-        };
         let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
         let mut sums = MicroSums::default();
         let mut finite = true;
@@ -487,18 +476,18 @@ impl PpoUpdateNode {
                 None,
                 &self.clip,
                 self.mode,
-                &info,
+                info,
             )?;
             let mut loss = pl.pg_loss.clone();
             let entropy_value = scalar(masked_mean(out.entropy.clone().detach(), mask.clone()));
             if self.p.entropy_coeff != 0.0 {
-                let ent = agg_loss(out.entropy.clone(), mask.clone(), self.mode, &info)?;
+                let ent = agg_loss(out.entropy.clone(), mask.clone(), self.mode, info)?;
                 loss = loss - ent.mul_scalar(self.p.entropy_coeff);
             }
             if let (Some((est, coef)), Some(r)) = (self.kl, reference) {
                 let ref_lp = rows_tensor::<B>(&r.log_probs, micro, &device);
                 let kl = kl_penalty(out.log_probs.clone(), ref_lp, est)?;
-                let kl_loss = agg_loss(kl, mask.clone(), self.mode, &info)?;
+                let kl_loss = agg_loss(kl, mask.clone(), self.mode, info)?;
                 sums.kl_loss += scalar(kl_loss.clone().detach());
                 loss = loss + kl_loss.mul_scalar(coef);
             }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use flowrl_algorithms::{GlobalBatchInfo, LossAggMode, agg_loss};
+use flowrl_algorithms::{LossAggMode, agg_loss};
 use flowrl_engine::{
     BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, PortType,
     StepContext,
@@ -32,7 +32,8 @@ use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{
-    OptimParams, PartialStep, guarded_step, optim_param_specs, replicated_grads, scalar,
+    OptimParams, PartialStep, global_batch_info, guarded_step, optim_param_specs, replicated_grads,
+    scalar,
 };
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, TokenMatrix, port_types};
 
@@ -175,22 +176,12 @@ impl Node for SftNode {
         let batch = target_batch(&self.model, &prompts, &self.p.response_template)?;
         let b = batch.len();
         let micro = self.p.micro_batch_size.unwrap_or(b).min(b).max(1);
-        let tokens: f64 = batch.response_mask.data.iter().map(|&m| m as f64).sum();
-        let info = GlobalBatchInfo {
-            dp_size: 1,
-            batch_num_tokens: Some(tokens.max(1.0)),
-            global_batch_size: Some(b as f64),
-            loss_scale_factor: None,
-        };
         let lr = self.schedule.lr(ctx.step());
         let mut state = self.model.lock();
         let rows: Vec<usize> = (0..b).collect();
-        let step = replicated_grads(&self.replicas, &state.model, &rows, |model, mine, world| {
+        let info = global_batch_info(&batch, &rows, &self.replicas);
+        let step = replicated_grads(&self.replicas, &state.model, &rows, |model, mine| {
             let device = TrainDevice::default();
-            let info = GlobalBatchInfo {
-                dp_size: world,
-                ..info
-            };
             let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
             let mut total = 0.0;
             for chunk in mine.chunks(micro) {
