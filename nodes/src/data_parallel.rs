@@ -105,17 +105,7 @@ impl Replicas {
         let world = self.world();
         let abort = AtomicBool::new(false);
         if world == 1 {
-            let r = Replica {
-                index: 0,
-                world: 1,
-                device: TrainDevice::default(),
-                peer: PeerId(0),
-                timeout: LOCAL_TIMEOUT,
-                abort: &abort,
-                collective: false,
-                node: &self.node,
-                calls: Default::default(),
-            };
+            let r = Replica::new(0, 1, LOCAL_TIMEOUT, &abort, false, &self.node);
             return Ok(vec![work(&r)?]);
         }
         let guard = CollectiveSession::acquire(&self.placement)?;
@@ -163,17 +153,7 @@ fn on_local_replicas<T: Send>(
             .map(|i| {
                 let (abort, work) = (&abort, &work);
                 s.spawn(move || {
-                    let r = Replica {
-                        index: first + i,
-                        world,
-                        device: TrainDevice::default(),
-                        peer: PeerId((first + i) as u32),
-                        timeout,
-                        abort,
-                        collective: true,
-                        node,
-                        calls: Default::default(),
-                    };
+                    let r = Replica::new(first + i, world, timeout, abort, true, node);
                     let out = work(&r);
                     if out.is_err() {
                         abort.store(true, Ordering::SeqCst);
@@ -212,7 +192,30 @@ fn timeout_of(p: &Placement) -> Duration {
     p.cluster.as_ref().map_or(LOCAL_TIMEOUT, |c| c.timeout)
 }
 
-impl Replica<'_> {
+impl<'a> Replica<'a> {
+    /// Replica `index` of `world` (its collective peer id is its index); without `collective`
+    /// it is the only one and its collective operations are identities.
+    fn new(
+        index: usize,
+        world: usize,
+        timeout: Duration,
+        abort: &'a AtomicBool,
+        collective: bool,
+        node: &'a str,
+    ) -> Self {
+        Replica {
+            index,
+            world,
+            device: TrainDevice::default(),
+            peer: PeerId(index as u32),
+            timeout,
+            abort,
+            collective,
+            node,
+            calls: Default::default(),
+        }
+    }
+
     /// The element-wise sum of `values` over all replicas (every replica passes the same length).
     ///
     /// Replicas pair their collective calls by order. To catch a mismatch (processes running
