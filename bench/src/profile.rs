@@ -22,7 +22,10 @@
 //! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;
 //! * `head`: only the LM head + log-softmax/entropy over the response positions, forward and
 //!   backward, from random hidden states (isolates the 32k-vocabulary part of `update`);
-//! * `adamw`: one AdamW step with gradients of ones on every parameter (isolates the optimizer).
+//! * `adamw`: one AdamW step with gradients of ones on every parameter (isolates the optimizer);
+//! * `rollout`: the `rollout` node's generation on `Flex`: `BENCH_BATCH / BENCH_N` prompts (the
+//!   prompt part of the rows above), each answered `BENCH_N` times, `BENCH_NEW` new tokens sampled
+//!   at temperature 1 (rows stop early only on the model's EOS).
 
 use std::time::Instant;
 
@@ -35,10 +38,16 @@ use burn::prelude::*;
 use flowrl_algorithms::{
     ClipConfig, GlobalBatchInfo, LossAggMode, entropy_and_logprobs_from_hidden, policy_loss_vanilla,
 };
+use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
+use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 use flowrl_nodes::sequences::input_embeddings_shared;
 
 type Ad = Autodiff<Flex>;
+
+/// The flowrl binary's allocator (`flowrl_nodes::allocator`), so phases cost what they cost there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -50,7 +59,9 @@ fn env(name: &str, default: usize) -> usize {
 /// Prompt length of the reduced comparison (shapes task prompt with one 224×224 image).
 const PROMPT: usize = 109;
 /// Response positions per LM-head block (`update.ppo`'s and `logprob`'s default `chunk`).
-const CHUNK: usize = 64;
+fn chunk() -> usize {
+    env("BENCH_CHUNK", 64)
+}
 
 /// A 224×224 image as the processor gives it: 16×16 patches, 64 image tokens.
 fn image(seed: usize) -> ProcessedImage {
@@ -76,6 +87,7 @@ struct Batch {
     /// Per image, the index of its first occurrence (rows of one prompt share its image).
     image_first: Vec<usize>,
     labels: Vec<i64>,
+    image_token: u32,
     batch: usize,
     new: usize,
 }
@@ -113,6 +125,7 @@ fn batch(batch: usize, n: usize, new: usize, special: [u32; 3]) -> Batch {
         images,
         image_first,
         labels,
+        image_token: special[1],
         batch,
         new,
     }
@@ -151,7 +164,7 @@ fn log_probs<B: Backend>(
         x.labels(device),
         |h| lm.lm_head(h),
         1.0,
-        CHUNK,
+        chunk(),
     )?;
     Ok((lp, entropy))
 }
@@ -233,7 +246,7 @@ fn measured_head(
         labels.clone(),
         |h| lm.lm_head(h),
         1.0,
-        CHUNK,
+        chunk(),
     )?;
     let loss = lp.mean().neg() + entropy.mean() * 0.001;
     let _ = loss.clone().detach().into_scalar();
@@ -256,6 +269,42 @@ fn measured_adamw(model: &mut Model<Ad>, device: &FlexDevice) -> Result<[f64; 3]
         .init::<Ad, Model<Ad>>();
     *model = opt.step(1e-6, model.clone(), grads);
     Ok([0.0, 0.0, t1.elapsed().as_secs_f64()])
+}
+
+#[inline(never)]
+fn measured_rollout(
+    model: &Model<Flex>,
+    x: &Batch,
+    new: usize,
+    device: &FlexDevice,
+) -> Result<[f64; 3]> {
+    use rand::SeedableRng;
+    let prompts: Vec<Vec<u32>> = (0..x.batch)
+        .map(|b| x.tokens.ids[b * x.tokens.len..(b + 1) * x.tokens.len][..PROMPT].to_vec())
+        .collect();
+    let inputs: Vec<PromptInput<'_>> = prompts
+        .iter()
+        .zip(&x.images)
+        .map(|(ids, image)| PromptInput {
+            ids,
+            images: std::slice::from_ref(image),
+        })
+        .collect();
+    let mut rngs: Vec<rand::rngs::StdRng> = (0..x.batch as u64)
+        .map(rand::rngs::StdRng::seed_from_u64)
+        .collect();
+    let config = GenerationConfig {
+        max_new_tokens: new,
+        sampling: SamplingConfig::default(),
+        stop_token_ids: Vec::new(),
+        pad_token_id: 0,
+        suppress_token_ids: vec![x.image_token],
+    };
+    let t0 = Instant::now();
+    let out = generate(&ModelParts::of(model), &inputs, &config, &mut rngs, device)?;
+    let tokens: usize = out.tokens.iter().map(Vec::len).sum();
+    eprintln!("rollout: {tokens} tokens generated");
+    Ok([t0.elapsed().as_secs_f64(), 0.0, 0.0])
 }
 
 /// Σ over every float parameter of its elements' sum (a loss whose gradient is all ones).
@@ -307,6 +356,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
+    flowrl_nodes::allocator::keep_freed_memory();
     let mode = std::env::args().nth(1).unwrap_or_default();
     let reps = env("BENCH_REPS", 3);
     let b = env("BENCH_BATCH", 8);
@@ -369,8 +419,16 @@ fn main() -> Result<()> {
                 times.push((t, cpu_seconds() - c0));
             }
         }
+        "rollout" => {
+            let model = load(&config, &device)?.valid();
+            for _ in 0..runs {
+                let c0 = cpu_seconds();
+                let t = measured_rollout(&model, &x, new, &device)?;
+                times.push((t, cpu_seconds() - c0));
+            }
+        }
         _ => bail!(
-            "usage: bench-profile update|logprob|head|adamw (env BENCH_BATCH, BENCH_NEW, BENCH_REPS)"
+            "usage: bench-profile update|logprob|head|adamw|rollout (env BENCH_BATCH, BENCH_NEW, BENCH_REPS)"
         ),
     }
     let measured = &times[times.len() - reps.max(1)..];

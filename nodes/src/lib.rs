@@ -12,6 +12,7 @@ pub mod advantage_reinforce_pp;
 pub mod advantage_reinforce_pp_baseline;
 pub mod advantage_rloo;
 pub mod advantage_support;
+pub mod allocator;
 pub mod backend;
 pub mod data_parallel;
 pub mod dataset_parquet;
