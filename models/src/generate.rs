@@ -1,10 +1,12 @@
 //! Batched autoregressive generation with a KV cache, over the model capabilities.
 //!
 //! One call generates a response for every prompt of a batch:
-//! 1. **prefill**: the prompts are left-padded into one `[B, L]` batch; image embeddings (vision
-//!    capability) replace the image-token embeddings; position ids come from the model's
-//!    multimodal-position capability when it has one, else plain 1-D positions from the mask;
-//!    one forward pass fills the KV cache and gives the logits of the last prompt position;
+//! 1. **prefill**: the distinct prompts are left-padded into one `[U, L]` batch (a prompt asked
+//!    n times, as in GRPO, is prefilled once and its cache rows and logits repeated for its n
+//!    rows); image embeddings (vision capability) replace the image-token embeddings; position
+//!    ids come from the model's multimodal-position capability when it has one, else plain 1-D
+//!    positions from the mask; one forward pass fills the KV cache and gives the logits of the
+//!    last prompt position;
 //! 2. **decode**: one token per step for the rows still running: its embedding, its position
 //!    (`real tokens so far + rope delta` on every stream), the mask grown by one, the cache
 //!    extended by one; the prompt is never recomputed. Finished rows are dropped from the cache.
@@ -25,6 +27,7 @@
 use anyhow::{Result, ensure};
 use burn::prelude::*;
 use rand::Rng;
+use rayon::prelude::*;
 
 use crate::capabilities::{
     CausalLm, KvCache, MultimodalPositions, PaddedBatch, PositionIds, ProcessedImage, Vision,
@@ -91,7 +94,7 @@ pub struct Generation {
 /// Generates one response per prompt. See the module doc.
 ///
 /// `rngs` holds one RNG per prompt.
-pub fn generate<B: Backend, R: Rng>(
+pub fn generate<B: Backend, R: Rng + Send>(
     model: &ModelParts<'_, B>,
     prompts: &[PromptInput<'_>],
     config: &GenerationConfig,
@@ -114,7 +117,10 @@ pub fn generate<B: Backend, R: Rng>(
         return Ok(out);
     }
     let lm = model.lm;
-    let rows: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.to_vec()).collect();
+    // Identical prompts (a GRPO batch asks each prompt n times) are prefilled once: `source[b]` is
+    // row b's prompt among `unique`; after the prefill the cache rows and last logits are repeated.
+    let (unique, source) = distinct_prompts(prompts);
+    let rows: Vec<Vec<u32>> = unique.iter().map(|p| p.ids.to_vec()).collect();
     ensure!(
         rows.iter().all(|r| !r.is_empty()),
         "cannot generate from an empty prompt"
@@ -128,7 +134,7 @@ pub fn generate<B: Backend, R: Rng>(
         longest + config.max_new_tokens,
         lm.context_length()
     );
-    let images: Vec<ProcessedImage> = prompts
+    let images: Vec<ProcessedImage> = unique
         .iter()
         .flat_map(|p| p.images.iter().cloned())
         .collect();
@@ -141,6 +147,8 @@ pub fn generate<B: Backend, R: Rng>(
     let prompt_ids = padded.ids_tensor::<B>(device);
     let mut embeds = lm.embed_tokens(prompt_ids.clone());
     match model.vision {
+        // Text-only prompts leave the vision tower out (it cannot run on zero images).
+        Some(_) if images.is_empty() => {}
         Some(vision) => {
             let image_embeds = vision.embed_images(&images, device)?;
             embeds = scatter_image_embeddings(
@@ -164,13 +172,22 @@ pub fn generate<B: Backend, R: Rng>(
         padded.mask_tensor::<B>(device),
         Some(&mut cache),
     );
-    let [_, len, hidden_size] = hidden.dims();
-    let last = hidden.slice([0..batch, len - 1..len, 0..hidden_size]);
-    let mut logits = host_rows(lm.lm_head(last))?;
+    let [distinct, len, hidden_size] = hidden.dims();
+    let last = hidden.slice([0..distinct, len - 1..len, 0..hidden_size]);
+    let prompt_logits = host_rows(lm.lm_head(last))?;
+    if distinct < batch {
+        cache.select_rows(&source);
+    }
+    let mut logits: Vec<Vec<f32>> = source.iter().map(|&u| prompt_logits[u].clone()).collect();
 
-    // Per row (original index): attention mask over every cached key, real token count.
-    let mut masks: Vec<Vec<u32>> = (0..batch).map(|b| padded.mask_row(b).to_vec()).collect();
-    let mut real: Vec<usize> = padded.real_lengths();
+    // Per row (original index): attention mask over every cached key, real token count, rope delta.
+    let mut masks: Vec<Vec<u32>> = source
+        .iter()
+        .map(|&u| padded.mask_row(u).to_vec())
+        .collect();
+    let prompt_real = padded.real_lengths();
+    let mut real: Vec<usize> = source.iter().map(|&u| prompt_real[u]).collect();
+    let rope_deltas: Vec<i64> = source.iter().map(|&u| positions.rope_deltas[u]).collect();
     let mut active: Vec<usize> = (0..batch).collect();
     let stops: Vec<u32> = lm
         .eos_token_ids()
@@ -179,15 +196,22 @@ pub fn generate<B: Backend, R: Rng>(
         .collect();
 
     for step in 0..config.max_new_tokens {
-        // Choose a token for every running row, in batch order.
-        let mut next = Vec::with_capacity(active.len());
-        for (slot, &row) in active.iter().enumerate() {
-            for &t in &config.suppress_token_ids {
-                if let Some(x) = logits[slot].get_mut(t as usize) {
-                    *x = f32::NEG_INFINITY;
+        // Choose a token for every running row (rows in parallel: each has its own RNG).
+        let mut row_rngs = rngs_of(rngs, &active);
+        let chosen = logits
+            .par_iter_mut()
+            .zip(row_rngs.par_iter_mut())
+            .map(|(row_logits, rng)| {
+                for &t in &config.suppress_token_ids {
+                    if let Some(x) = row_logits.get_mut(t as usize) {
+                        *x = f32::NEG_INFINITY;
+                    }
                 }
-            }
-            let s = sample(&logits[slot], &config.sampling, &mut rngs[row])?;
+                sample(row_logits, &config.sampling, &mut **rng)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut next = Vec::with_capacity(active.len());
+        for (s, &row) in chosen.iter().zip(&active) {
             out.tokens[row].push(s.token);
             out.log_probs[row].push(s.log_prob);
             if stops.contains(&s.token) {
@@ -217,7 +241,7 @@ pub fn generate<B: Backend, R: Rng>(
             .flat_map(|_| {
                 active
                     .iter()
-                    .map(|&row| real[row] as i64 + positions.rope_deltas[row])
+                    .map(|&row| real[row] as i64 + rope_deltas[row])
             })
             .collect();
         let step_positions = Tensor::<B, 1, Int>::from_data(
@@ -250,6 +274,36 @@ pub fn generate<B: Backend, R: Rng>(
         logits = host_rows(lm.lm_head(hidden))?;
     }
     Ok(out)
+}
+
+/// The distinct prompts (same ids and images) in first-seen order, and per prompt the index of
+/// its copy among them.
+fn distinct_prompts<'p, 'a>(
+    prompts: &'p [PromptInput<'a>],
+) -> (Vec<&'p PromptInput<'a>>, Vec<usize>) {
+    let mut unique: Vec<&PromptInput<'a>> = Vec::new();
+    let source = prompts
+        .iter()
+        .map(|p| {
+            let same = |u: &&PromptInput<'a>| {
+                u.ids == p.ids && (std::ptr::eq(u.images, p.images) || u.images == p.images)
+            };
+            unique.iter().position(same).unwrap_or_else(|| {
+                unique.push(p);
+                unique.len() - 1
+            })
+        })
+        .collect();
+    (unique, source)
+}
+
+/// The RNGs of the `active` rows (ascending row indices), in that order.
+fn rngs_of<'a, R>(rngs: &'a mut [R], active: &[usize]) -> Vec<&'a mut R> {
+    rngs.iter_mut()
+        .enumerate()
+        .filter(|(row, _)| active.binary_search(row).is_ok())
+        .map(|(_, rng)| rng)
+        .collect()
 }
 
 /// `[rows, 1, vocab]` logits → one host `Vec<f32>` per row.
