@@ -15,7 +15,7 @@
 //! wall seconds per phase; the measured work sits in `#[inline(never)]` functions named
 //! `measured_*`, so `callgrind --toggle-collect='*measured_*'` counts only that):
 //!
-//! * `update`: one micro-batch of `update.ppo` on `Autodiff<Flex>`: forward, response log-probs
+//! * `update`: one micro-batch of `update.ppo` on the nodes' `TrainBackend`: forward, response log-probs
 //!   and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`, chunk 64),
 //!   the PPO-clip token-mean loss against detached log-probs (on-policy), backward, and one
 //!   AdamW step (global-norm clipping is left to the node; AdamW is what it calls);
@@ -30,8 +30,8 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use burn::backend::Flex;
 use burn::backend::flex::FlexDevice;
-use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
@@ -43,7 +43,8 @@ use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 use flowrl_nodes::sequences::input_embeddings_shared;
 
-type Ad = Autodiff<Flex>;
+/// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
+type Ad = flowrl_nodes::backend::TrainBackend;
 
 /// The flowrl binary's allocator (`flowrl_nodes::allocator`), so phases cost what they cost there.
 #[global_allocator]
@@ -420,7 +421,10 @@ fn main() -> Result<()> {
             }
         }
         "rollout" => {
-            let model = load(&config, &device)?.valid();
+            let mut model = load(&config, &device)?.valid();
+            if std::env::var_os("BENCH_ROW_MAJOR").is_none() {
+                model = model.with_decode_layout();
+            }
             for _ in 0..runs {
                 let c0 = cpu_seconds();
                 let t = measured_rollout(&model, &x, new, &device)?;
