@@ -421,10 +421,7 @@ fn main() -> Result<()> {
             }
         }
         "rollout" => {
-            let mut model = load(&config, &device)?.valid();
-            if std::env::var_os("BENCH_ROW_MAJOR").is_none() {
-                model = model.with_decode_layout();
-            }
+            let model = load(&config, &device)?.valid();
             for _ in 0..runs {
                 let c0 = cpu_seconds();
                 let t = measured_rollout(&model, &x, new, &device)?;
