@@ -16,7 +16,7 @@
 //! `measured_*`, so `callgrind --toggle-collect='*measured_*'` counts only that):
 //!
 //! * `update`: one micro-batch of `update.ppo` on the nodes' `TrainBackend`: forward, response log-probs
-//!   and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`, chunk 64),
+//!   and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`, chunk 16),
 //!   the PPO-clip token-mean loss against detached log-probs (on-policy), backward, and one
 //!   AdamW step (global-norm clipping is left to the node; AdamW is what it calls);
 //! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;
@@ -61,7 +61,7 @@ fn env(name: &str, default: usize) -> usize {
 const PROMPT: usize = 109;
 /// Response positions per LM-head block (`update.ppo`'s and `logprob`'s default `chunk`).
 fn chunk() -> usize {
-    env("BENCH_CHUNK", 64)
+    env("BENCH_CHUNK", 16)
 }
 
 /// A 224×224 image as the processor gives it: 16×16 patches, 64 image tokens.

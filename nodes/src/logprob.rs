@@ -71,7 +71,7 @@ impl NodeKind for LogProbKind {
                 .min(1.0)
                 .doc("responses per forward pass (verl: log_prob_micro_batch_size_per_gpu)"),
             ParamSpec::int("chunk")
-                .default(64)
+                .default(16)
                 .min(1.0)
                 .doc("response positions per LM-head block"),
             ParamSpec::bool("entropy")

@@ -9,7 +9,11 @@
 //! sequence position `P − 1 + t`; only those `T` hidden states go through the LM head, in chunks
 //! of `chunk` positions (`flowrl_algorithms::entropy_and_logprobs_from_hidden`), divided by the
 //! sampling temperature as verl's actor does. So the `[B, P + T, V]` logits never exist; one
-//! `[B, chunk, V]` block does at a time.
+//! `[B, chunk, V]` block does at a time (under autodiff, each block's logits are kept for the
+//! backward: `[B, T, V]` in all, but none of the block's other vocabulary-sized temporaries).
+//! The nodes' default `chunk` is 16: on the benchmark's update micro-batch (32 rows × 128
+//! response tokens, vocabulary 32000) peak RSS 5.65 → 5.0–5.4 GB against 64, and the log-prob
+//! pass 1.11 → 0.69 GB, at the same CPU time within noise.
 //!
 //! The `n` responses of one prompt share its images: the vision tower runs once per distinct
 //! image of the batch and its embeddings are gathered per row ([`input_embeddings_shared`]).

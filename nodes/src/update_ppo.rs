@@ -148,7 +148,7 @@ impl NodeKind for PpoUpdateKind {
             .doc("KL loss against `ref_log_probs` (verl use_kl_loss; absent = no KL loss)"),
             ParamSpec::float("entropy_coeff").default(0.0).doc("entropy bonus coefficient"),
             ParamSpec::float("temperature").default(1.0).gt(0.0).doc("logits are divided by it (use the rollout's)"),
-            ParamSpec::int("chunk").default(64).min(1.0).doc("response positions per LM-head block"),
+            ParamSpec::int("chunk").default(16).min(1.0).doc("response positions per LM-head block"),
         ];
         p.extend(optim_param_specs());
         p

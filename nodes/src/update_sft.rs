@@ -83,7 +83,7 @@ impl NodeKind for SftUpdateKind {
                 .min(1.0)
                 .doc("responses per forward/backward; default: the batch"),
             ParamSpec::int("chunk")
-                .default(64)
+                .default(16)
                 .min(1.0)
                 .doc("response positions per LM-head block"),
         ];
