@@ -10,15 +10,18 @@
 //! `BENCH_N` (default 4, the reduced comparison's n) answering one prompt, so they share its
 //! image, as in a GRPO batch; embeddings go through the nodes' `input_embeddings_shared`.
 //!
+//! `BENCH_MEM=1` prints the live heap and its peak at the phases' boundaries (the global
+//! allocator counts its bytes).
+//!
 //! Modes (each runs a warm-up repetition, then `BENCH_REPS` measured ones, default 3; 0 = one
 //! run without warm-up, for callgrind; each prints
 //! wall seconds per phase; the measured work sits in `#[inline(never)]` functions named
 //! `measured_*`, so `callgrind --toggle-collect='*measured_*'` counts only that):
 //!
-//! * `update`: one micro-batch of `update.ppo` on the nodes' `TrainBackend`: forward, response log-probs
-//!   and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`, chunk 16),
-//!   the PPO-clip token-mean loss against detached log-probs (on-policy), backward, and one
-//!   AdamW step (global-norm clipping is left to the node; AdamW is what it calls);
+//! * `update`: one micro-batch of `update.ppo` on the nodes' `TrainBackend`: forward, response
+//!   log-probs and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`,
+//!   chunk 16), the PPO-clip token-mean loss against detached log-probs (on-policy), backward,
+//!   and one AdamW step (global-norm clipping is left to the node; AdamW is what it calls);
 //! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;
 //! * `head`: only the LM head + log-softmax/entropy over the response positions, forward and
 //!   backward, from random hidden states (isolates the 32k-vocabulary part of `update`);
@@ -27,6 +30,8 @@
 //!   prompt part of the rows above), each answered `BENCH_N` times, `BENCH_NEW` new tokens sampled
 //!   at temperature 1 (rows stop early only on the model's EOS).
 
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -47,8 +52,59 @@ use flowrl_nodes::sequences::input_embeddings_shared;
 type Ad = flowrl_nodes::backend::TrainBackend;
 
 /// The flowrl binary's allocator (`flowrl_nodes::allocator`), so phases cost what they cost there.
+/// It counts the bytes it holds live and their high-water mark, for `BENCH_MEM=1`.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Counting = Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+struct Counting;
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { mimalloc::MiMalloc.alloc(layout) };
+        if !p.is_null() {
+            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(live, Relaxed);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) };
+        if !p.is_null() {
+            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(live, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Relaxed);
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Relaxed);
+            let live = LIVE.fetch_add(new_size, Relaxed) + new_size;
+            PEAK.fetch_max(live, Relaxed);
+        }
+        p
+    }
+}
+
+/// With `BENCH_MEM=1`: live heap now and its peak since the last call, in MB, on stderr.
+fn mem(what: &str) {
+    if std::env::var_os("BENCH_MEM").is_some() {
+        let live = LIVE.load(Relaxed);
+        let peak = PEAK.swap(live, Relaxed);
+        eprintln!(
+            "mem {what}: live {:.0} MB, peak since last {:.0} MB",
+            live as f64 / 1e6,
+            peak as f64 / 1e6
+        );
+    }
+}
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -151,6 +207,7 @@ fn log_probs<B: Backend>(
 ) -> Result<(Tensor<B, 2>, Tensor<B, 2>)> {
     let lm = model.causal_lm();
     let embeds = input_embeddings_shared(model, &x.tokens, &x.images, &x.image_first, device)?;
+    mem("  input embeddings (vision tower)");
     let positions = model.position_ids(&x.tokens, &x.images)?;
     let hidden = lm.forward_hidden(
         x.tokens.ids_tensor::<B>(device),
@@ -159,6 +216,7 @@ fn log_probs<B: Backend>(
         x.tokens.mask_tensor::<B>(device),
         None,
     );
+    mem("  decoder layers");
     let response = hidden.narrow(1, PROMPT - 1, x.new);
     let (entropy, lp) = entropy_and_logprobs_from_hidden(
         response,
@@ -173,6 +231,7 @@ fn log_probs<B: Backend>(
 /// Wall seconds of (forward, backward, optimizer step).
 #[inline(never)]
 fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Result<[f64; 3]> {
+    mem("update start");
     let t0 = Instant::now();
     let (lp, entropy) = log_probs(model, x, device)?;
     let mask = Tensor::<Ad, 2>::ones([x.batch, x.new], device);
@@ -210,14 +269,18 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
     let loss = pl.pg_loss;
     let _ = entropy.detach().mean().into_scalar();
     let _ = loss.clone().detach().into_scalar();
+    mem("forward (live: kept for the backward)");
     let t1 = Instant::now();
     let grads = GradientsParams::from_grads::<Ad, _>(loss.backward(), model);
     let t2 = Instant::now();
+    mem("backward (live: gradients)");
     let mut opt = AdamWConfig::new()
         .with_weight_decay(0.01)
         .init::<Ad, Model<Ad>>();
     *model = opt.step(1e-6, model.clone(), grads);
     let t3 = Instant::now();
+    drop(opt);
+    mem("optimizer step");
     Ok([
         (t1 - t0).as_secs_f64(),
         (t2 - t1).as_secs_f64(),
@@ -227,10 +290,12 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
 
 #[inline(never)]
 fn measured_logprob(model: &Model<Flex>, x: &Batch, device: &FlexDevice) -> Result<[f64; 3]> {
+    mem("logprob start");
     let t0 = Instant::now();
     let (lp, entropy) = log_probs(model, x, device)?;
     let _ = lp.into_data();
     let _ = entropy.into_data();
+    mem("logprob");
     Ok([t0.elapsed().as_secs_f64(), 0.0, 0.0])
 }
 
