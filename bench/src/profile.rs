@@ -63,20 +63,13 @@ struct Counting;
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { mimalloc::MiMalloc.alloc(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(live, Relaxed);
-        }
-        p
+        counted(unsafe { mimalloc::MiMalloc.alloc(layout) }, layout.size())
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(live, Relaxed);
-        }
-        p
+        counted(
+            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) },
+            layout.size(),
+        )
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Relaxed);
@@ -86,11 +79,18 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             LIVE.fetch_sub(layout.size(), Relaxed);
-            let live = LIVE.fetch_add(new_size, Relaxed) + new_size;
-            PEAK.fetch_max(live, Relaxed);
         }
-        p
+        counted(p, new_size)
     }
+}
+
+/// Counts `size` more live bytes when the allocation `p` succeeded; returns `p`.
+fn counted(p: *mut u8, size: usize) -> *mut u8 {
+    if !p.is_null() {
+        let live = LIVE.fetch_add(size, Relaxed) + size;
+        PEAK.fetch_max(live, Relaxed);
+    }
+    p
 }
 
 /// With `BENCH_MEM=1`: live heap now and its peak since the last call, in MB, on stderr.
