@@ -9,23 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
-const GRAPH: &str = "graphs/grpo_vlm.toml";
+mod common;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use common::{BIN, GRAPH, SMALL, metrics, root};
 
-/// Small, fast settings of the default graph (same code paths).
-const SMALL: &[&str] = &[
-    "--set",
-    "nodes.data.batch_size=4",
-    "--set",
-    "nodes.rollout.n=4",
-    "--set",
-    "nodes.update.mini_batch_size=2",
-    "--set",
-    "nodes.update.micro_batch_size=4",
+/// Per test run, besides [`SMALL`]: an evaluation every step, a checkpoint every 2.
+const EXTRA: &[&str] = &[
     "--set",
     "nodes.eval.every=1",
     "--set",
@@ -57,21 +46,8 @@ fn run(out: &Path, steps: u32) {
         &steps,
     ];
     args.extend_from_slice(SMALL);
+    args.extend_from_slice(EXTRA);
     flowrl(&args);
-}
-
-/// metrics.jsonl without the wall-clock entries (timings, throughput).
-fn metrics(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            let map = v.as_object_mut().unwrap();
-            map.retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
-            v
-        })
-        .collect()
 }
 
 fn tmp() -> tempfile::TempDir {
@@ -190,6 +166,7 @@ fn a_run_killed_after_a_checkpoint_resumes_into_the_same_metrics() {
         "40",
     ];
     args.extend_from_slice(SMALL);
+    args.extend_from_slice(EXTRA);
     let mut child = Command::new(BIN)
         .current_dir(root())
         .args(&args)

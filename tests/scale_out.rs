@@ -9,27 +9,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
-const GRAPH: &str = "graphs/grpo_vlm.toml";
+mod common;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use common::{BIN, GRAPH, SMALL, metrics, root};
 
-/// Small settings of the default graph: 4 prompts × n 4, two mini-batches of 8 responses
-/// (micro-batches of 4).
-const SMALL: &[&str] = &[
-    "--set",
-    "nodes.data.batch_size=4",
-    "--set",
-    "nodes.rollout.n=4",
-    "--set",
-    "nodes.update.mini_batch_size=2",
-    "--set",
-    "nodes.update.micro_batch_size=4",
-    "--set",
-    "run.checkpoint_every=0",
-];
+/// Per test run, besides [`SMALL`]: no checkpoints.
+const EXTRA: &[&str] = &["--set", "run.checkpoint_every=0"];
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -37,7 +22,7 @@ fn text(b: &[u8]) -> String {
 
 fn command(args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
-    c.current_dir(root()).args(args).args(SMALL);
+    c.current_dir(root()).args(args).args(SMALL).args(EXTRA);
     c
 }
 
@@ -50,14 +35,6 @@ fn run(args: &[&str]) -> Output {
         text(&out.stderr)
     );
     out
-}
-
-fn metrics(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// Every metric of `b` equals `a`'s within `rel` (timings and throughput excepted).
