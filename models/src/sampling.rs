@@ -100,7 +100,7 @@ pub fn sample<R: Rng + ?Sized>(
     );
     if config.greedy {
         let token = argmax(logits);
-        let lse = max as f64 + tempered_mass(logits, max, 1.0).ln();
+        let lse = max as f64 + shifted_mass(logits, max).ln();
         return Ok(Sampled {
             token: token as u32,
             log_prob: (logits[token] as f64 - lse) as f32,
@@ -120,11 +120,10 @@ pub fn sample<R: Rng + ?Sized>(
     })
 }
 
-/// `Σ exp((x − max) / temperature)`: the softmax's normaliser, shifted by the row's maximum
-/// (each term ≤ 1). Terms are computed in f32 (one `expf` per logit), summed in f64.
-fn tempered_mass(logits: &[f32], max: f32, temperature: f64) -> f64 {
-    let inv = (1.0 / temperature) as f32;
-    logits.iter().map(|&x| ((x - max) * inv).exp() as f64).sum()
+/// `Σ exp(x − max)`: the softmax's normaliser at temperature 1 (greedy decoding's log-prob),
+/// shifted by the row's maximum (each term ≤ 1). Terms in f32 (one `expf` per logit), summed in f64.
+fn shifted_mass(logits: &[f32], max: f32) -> f64 {
+    logits.iter().map(|&x| (x - max).exp() as f64).sum()
 }
 
 /// Plain sampling from `softmax(logits / temperature)` (no top-k, no top-p): one pass for the
