@@ -11,7 +11,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{BIN, GRAPH, SMALL, metrics, root};
+use common::{BIN, GRAPH, SMALL, assert_same_metrics, metrics, root};
 
 /// Per test run, besides [`SMALL`]: no checkpoints.
 const EXTRA: &[&str] = &["--set", "run.checkpoint_every=0"];
@@ -35,38 +35,6 @@ fn run(args: &[&str]) -> Output {
         text(&out.stderr)
     );
     out
-}
-
-/// Every metric of `b` equals `a`'s within `rel` (timings and throughput excepted).
-fn assert_same_metrics(a: &[Value], b: &[Value], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: steps");
-    for (step, (x, y)) in a.iter().zip(b).enumerate() {
-        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
-        let keys = |m: &serde_json::Map<String, Value>| -> Vec<String> {
-            m.keys()
-                .filter(|k| !k.starts_with("timing") && !k.starts_with("perf/"))
-                .cloned()
-                .collect()
-        };
-        assert_eq!(keys(x), keys(y), "{what}: metric names at step {step}");
-        for k in keys(x) {
-            match (x[&k].as_f64(), y[&k].as_f64()) {
-                (Some(u), Some(v)) => assert!(
-                    (u - v).abs() <= 2e-3 * u.abs().max(v.abs()).max(1e-2),
-                    "{what}: step {step} {k}: {u} (one device) vs {v}"
-                ),
-                _ => assert_eq!(x[&k], y[&k], "{what}: step {step} {k}"),
-            }
-        }
-    }
-    // The run is not trivially equal: it sampled, scored and updated.
-    let last = a.last().unwrap();
-    assert!(last["actor/grad_norm"].as_f64().unwrap() > 1e-3);
-    assert!(
-        a.iter()
-            .any(|m| m["critic/score/mean"].as_f64().unwrap() > 0.0)
-    );
-    assert!(last["response_length/mean"].as_f64().unwrap() > 0.0);
 }
 
 fn one_device(dir: &Path) -> Vec<Value> {

@@ -35,7 +35,7 @@ and the kind's parameters. `flowrl nodes` lists the kinds and their parameters."
 
 const SCALE_OUT_HELP: &str = "\
 Devices: `[run] device = \"cuda:0\"` or `[run] devices = [\"cuda:0\", \"cuda:1\"]` (or CPU replicas
-`[\"cpu:0\", \"cpu:1\"]`). Data-parallel nodes (rollout, logprob, update.*) run one replica per
+`[\"cpu:0\", \"cpu:1\"]`, or `vulkan:N`). Data-parallel nodes (rollout, logprob, update.*) run one replica per
 device and all-reduce their gradients; other nodes run on the first device or their own `device`.
 
 Several processes (one per machine, say): start the orchestrator once, then every process with
@@ -80,7 +80,8 @@ pub struct GraphInput {
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
     /// Device: `auto` (CUDA when built with it and a GPU is present, else CPU), `cpu[:N]`,
-    /// `cuda[:N]`. Overrides `[run] device` (an error when the graph lists `[run] devices`).
+    /// `cuda[:N]`, `vulkan[:N]` (feature `vulkan`: any Vulkan driver, Mesa's software one
+    /// included). Overrides `[run] device` (an error when the graph lists `[run] devices`).
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
 }

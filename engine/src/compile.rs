@@ -70,7 +70,7 @@ pub fn run_params() -> Vec<ParamSpec> {
             .doc("run seed; every random draw derives from (seed, step, node name)"),
         ParamSpec::string("device")
             .default("auto")
-            .doc("`auto` | `cpu` | `cpu:N` | `cuda` | `cuda:N`; `auto` is CUDA when built with it and a GPU is present; short for `devices = [\"X\"]`"),
+            .doc("`auto` | `cpu` | `cpu:N` | `cuda` | `cuda:N` | `vulkan` | `vulkan:N`; `auto` is CUDA when built with it and a GPU is present; short for `devices = [\"X\"]`"),
         ParamSpec::array("devices", ParamType::String).doc(
             "the devices of this process, all CPU replicas or all GPUs (`[\"cuda:0\", \"cuda:1\"]`): data-parallel nodes run one replica on each; instead of `device`",
         ),
@@ -476,8 +476,7 @@ impl Compiler<'_> {
                 continue;
             };
             let d = match req {
-                DeviceRequest::Cpu(n) => DeviceSpec::Cpu(n),
-                DeviceRequest::Cuda(n) => DeviceSpec::Cuda(n),
+                DeviceRequest::Device(d) => d,
                 DeviceRequest::Auto => {
                     self.diags.push(
                         Diagnostic::error(
@@ -522,7 +521,7 @@ impl Compiler<'_> {
                         format!("{first} is a {} device", first.type_name()),
                     )
                     .with_help(
-                        "the replicas of a run are all CPU replicas (`cpu:N`) or all GPUs (`cuda:N`)",
+                        "the replicas of a run are all CPU replicas (`cpu:N`), all GPUs (`cuda:N`) or all Vulkan adapters (`vulkan:N`)",
                     ),
                 );
                 continue;

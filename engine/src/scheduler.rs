@@ -65,7 +65,7 @@ impl WorkerPool {
                                         .cloned()
                                         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                                         .unwrap_or_else(|| "unknown panic".into());
-                                    Err(anyhow::anyhow!("panicked: {msg}"))
+                                    Err(panic_error(&msg, t.ctx.device()))
                                 });
                             let done = Done {
                                 id: t.id,
@@ -87,6 +87,25 @@ impl WorkerPool {
             rx: done_rx,
             handles,
         }
+    }
+}
+
+/// The error of a node that panicked on `device`. GPU backends panic when an allocation fails
+/// (cubecl's memory pool also caps one buffer at about a quarter of the device's memory); such a
+/// panic gets a hint at what to lower.
+fn panic_error(msg: &str, device: crate::DeviceSpec) -> anyhow::Error {
+    let lower = msg.to_lowercase();
+    let out_of_memory = ["out of memory", "outofmemory", "allocat", "max_allocation"]
+        .iter()
+        .any(|k| lower.contains(k));
+    if out_of_memory {
+        anyhow::anyhow!(
+            "panicked on {device}: {msg}\nhelp: the device ran out of memory (or a single \
+             buffer exceeded its limit): lower the node's micro_batch_size or chunk, the \
+             rollout's n or max_new_tokens, or the data batch_size"
+        )
+    } else {
+        anyhow::anyhow!("panicked on {device}: {msg}")
     }
 }
 
@@ -314,4 +333,26 @@ fn check_outputs(graph: &Graph, id: NodeId, outs: Outputs) -> anyhow::Result<Out
         }
     }
     Ok(outs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceSpec;
+
+    #[test]
+    fn panics_name_the_device_and_allocation_failures_say_what_to_lower() {
+        let e = panic_error("index out of bounds", DeviceSpec::Cpu(0)).to_string();
+        assert_eq!(e, "panicked on cpu:0: index out of bounds");
+        let e = panic_error(
+            "Unable to allocate 4294967296 bytes: out of memory",
+            DeviceSpec::Cuda(1),
+        )
+        .to_string();
+        assert!(
+            e.starts_with("panicked on cuda:1: Unable to allocate"),
+            "{e}"
+        );
+        assert!(e.contains("micro_batch_size"), "{e}");
+    }
 }

@@ -13,10 +13,12 @@ use std::time::Duration;
 const CPU_ONLY: Machine = Machine {
     cuda_compiled: false,
     gpus: 0,
+    vulkan_compiled: false,
 };
 const TWO_GPUS: Machine = Machine {
     cuda_compiled: true,
     gpus: 2,
+    vulkan_compiled: false,
 };
 
 fn target(machine: Machine, world: usize) -> Target {
@@ -172,12 +174,36 @@ fn cuda_beyond_the_machine_is_an_error_with_the_numbers() {
     let no_gpu = Machine {
         cuda_compiled: true,
         gpus: 0,
+        vulkan_compiled: false,
     };
     let (e, _) = errors(&with_run("device = \"cuda\""), &[], target(no_gpu, 1));
     assert_eq!(
         e[0].1,
         "the run is placed on cuda:0, but this machine has no NVIDIA GPU"
     );
+
+    let (e, rendered) = errors(&with_run("device = \"vulkan\""), &[], target(CPU_ONLY, 1));
+    assert_eq!(
+        e,
+        vec![(
+            Code::DeviceUnavailable,
+            "the run is placed on vulkan:0, but this binary was built without Vulkan".into()
+        )]
+    );
+    assert!(
+        rendered.contains("--features vulkan") && rendered.contains("mesa-vulkan-drivers"),
+        "{rendered}"
+    );
+    let with_vulkan = Machine {
+        vulkan_compiled: true,
+        ..CPU_ONLY
+    };
+    let g = ok(
+        &with_run("devices = [\"vulkan:0\"]"),
+        &[],
+        target(with_vulkan, 1),
+    );
+    assert_eq!(g.devices, vec![DeviceSpec::Vulkan(0)]);
 }
 
 #[test]
@@ -192,7 +218,7 @@ fn device_lists_are_checked_all_at_once() {
         vec![
             (
                 Code::InvalidValue,
-                "`tpu` is not a device; expected `auto`, `cpu`, `cpu:N`, `cuda` or `cuda:N`".into()
+                "`tpu` is not a device; expected `auto`, `cpu`, `cpu:N`, `cuda`, `cuda:N`, `vulkan` or `vulkan:N`".into()
             ),
             (
                 Code::BadDeviceList,

@@ -33,7 +33,7 @@ use burn::tensor::TensorPrimitive;
 use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
 use flowrl_engine::{Cluster, DeviceSpec, Placement};
 
-use crate::backend::{InferBackend, TrainDevice};
+use crate::backend::{BackendKind, HostBackend};
 
 /// How long replicas of one process wait for each other when no cluster timeout is given.
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(600);
@@ -53,8 +53,8 @@ pub struct Replica<'a> {
     pub index: usize,
     /// Replicas over all processes.
     pub world: usize,
-    /// The burn device of this replica.
-    pub device: TrainDevice,
+    /// The device of this replica (`FlowBackend::device` makes it a burn device).
+    pub device: DeviceSpec,
     peer: PeerId,
     timeout: Duration,
     abort: &'a AtomicBool,
@@ -65,19 +65,15 @@ pub struct Replica<'a> {
 }
 
 impl Replicas {
-    /// The replicas of node `node` placed by `placement`. Devices must be ones the built-in
-    /// nodes compute on (the CPU).
+    /// The replicas of node `node` placed by `placement`. Every device must have a backend in
+    /// this binary ([`BackendKind::of`]).
     pub fn new(placement: &Placement, node: &str) -> Result<Self> {
         ensure!(
             !placement.devices.is_empty(),
             "a node needs at least one device"
         );
-        for d in &placement.devices {
-            ensure!(
-                matches!(d, DeviceSpec::Cpu(_)),
-                "device {d} is not supported by the built-in nodes yet (they compute on the CPU \
-                 backend); place the run on `cpu` devices"
-            );
+        for &d in &placement.devices {
+            BackendKind::of(d).with_context(|| format!("node `{node}`"))?;
         }
         Ok(Replicas {
             placement: placement.clone(),
@@ -105,7 +101,8 @@ impl Replicas {
         let world = self.world();
         let abort = AtomicBool::new(false);
         if world == 1 {
-            let r = Replica::new(0, 1, LOCAL_TIMEOUT, &abort, false, &self.node);
+            let device = self.placement.devices[0];
+            let r = Replica::new(0, 1, device, LOCAL_TIMEOUT, &abort, false, &self.node);
             return Ok(vec![work(&r)?]);
         }
         let guard = CollectiveSession::acquire(&self.placement)?;
@@ -152,8 +149,9 @@ fn on_local_replicas<T: Send>(
         let handles: Vec<_> = (0..p.local_replicas())
             .map(|i| {
                 let (abort, work) = (&abort, &work);
+                let device = p.devices[i];
                 s.spawn(move || {
-                    let r = Replica::new(first + i, world, timeout, abort, true, node);
+                    let r = Replica::new(first + i, world, device, timeout, abort, true, node);
                     let out = work(&r);
                     if out.is_err() {
                         abort.store(true, Ordering::SeqCst);
@@ -198,6 +196,7 @@ impl<'a> Replica<'a> {
     fn new(
         index: usize,
         world: usize,
+        device: DeviceSpec,
         timeout: Duration,
         abort: &'a AtomicBool,
         collective: bool,
@@ -206,7 +205,7 @@ impl<'a> Replica<'a> {
         Replica {
             index,
             world,
-            device: TrainDevice::default(),
+            device,
             peer: PeerId(index as u32),
             timeout,
             abort,
@@ -234,14 +233,14 @@ impl<'a> Replica<'a> {
         let peer = self.peer;
         let mut out = self.wait("all-reduce", move || {
             let device = Default::default();
-            let t = Tensor::<InferBackend, 1>::from_data(TensorData::new(values, [len]), &device);
-            burn_collective::all_reduce::<InferBackend>(
+            let t = Tensor::<HostBackend, 1>::from_data(TensorData::new(values, [len]), &device);
+            burn_collective::all_reduce::<HostBackend>(
                 peer,
                 t.into_primitive().tensor(),
                 ReduceOperation::Sum,
             )
             .map(|p| {
-                Tensor::<InferBackend, 1>::from_primitive(TensorPrimitive::Float(p))
+                Tensor::<HostBackend, 1>::from_primitive(TensorPrimitive::Float(p))
                     .into_data()
                     .into_vec::<f32>()
                     .unwrap_or_default()
@@ -380,10 +379,10 @@ impl CollectiveSession {
             }
             if let Some(old) = guard.take() {
                 if old.poisoned {
-                    burn_collective::reset_collective::<InferBackend>();
+                    burn_collective::reset_collective::<HostBackend>();
                 } else {
                     for i in 0..old.local {
-                        let _ = burn_collective::finish_collective::<InferBackend>(PeerId(
+                        let _ = burn_collective::finish_collective::<HostBackend>(PeerId(
                             (old.first + i) as u32,
                         ));
                     }
@@ -418,12 +417,12 @@ fn register(p: &Placement) -> Result<()> {
     let results = on_local_replicas(p, "", |r| {
         let (peer, config) = (r.peer, config.clone());
         r.wait("registration", move || {
-            burn_collective::register::<InferBackend>(peer, Default::default(), config)
+            burn_collective::register::<HostBackend>(peer, Default::default(), config)
         })
     });
     let failed = results.into_iter().find_map(Result::err);
     if let Some(e) = failed {
-        burn_collective::reset_collective::<InferBackend>();
+        burn_collective::reset_collective::<HostBackend>();
         let how = match &p.cluster {
             Some(c) => format!(
                 " (process {} of {}; orchestrator {}, this process at {})",
@@ -556,13 +555,32 @@ mod tests {
         assert!(msg.contains("collective operations out of order"), "{msg}");
     }
 
+    #[cfg(not(feature = "cuda"))]
     #[test]
-    fn cuda_replicas_are_refused_with_a_clear_error() {
+    fn cuda_replicas_need_the_cuda_build() {
         let p = Placement {
             devices: vec![DeviceSpec::Cuda(0)],
             cluster: None,
         };
-        let err = Replicas::new(&p, "test").unwrap_err().to_string();
-        assert!(err.contains("cuda:0") && err.contains("CPU"), "{err}");
+        let err = format!("{:#}", Replicas::new(&p, "test").unwrap_err());
+        assert!(
+            err.contains("cuda:0") && err.contains("--features cuda"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn replicas_know_their_devices() {
+        let devices = replicas_devices(&placement(3));
+        assert_eq!(devices, (0..3).map(DeviceSpec::Cpu).collect::<Vec<_>>());
+        let one = Replicas::single().run(|r| Ok(r.device)).unwrap();
+        assert_eq!(one, vec![DeviceSpec::Cpu(0)]);
+    }
+
+    fn replicas_devices(p: &Placement) -> Vec<DeviceSpec> {
+        Replicas::new(p, "test")
+            .unwrap()
+            .run(|r| Ok(r.device))
+            .unwrap()
     }
 }

@@ -16,6 +16,7 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
+use crate::backend::{FlowBackend, on_backend, replica_copy};
 use crate::data_parallel::{Replicas, shard};
 use crate::model_resource::ModelResource;
 use crate::sequences::{SequenceBatch, masked_host};
@@ -132,16 +133,32 @@ pub fn token_log_probs(
     with_entropy: bool,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
-    let infer = model.lock().inference_model();
+    on_backend!(model.backend(), B => {
+        log_probs_on::<B>(model, rollouts, temperature, micro_batch_size, chunk, with_entropy, replicas)
+    })
+}
+
+/// [`token_log_probs`] on the model's backend `B`.
+fn log_probs_on<B: FlowBackend>(
+    model: &ModelResource,
+    rollouts: &RolloutBatch,
+    temperature: f64,
+    micro_batch_size: usize,
+    chunk: usize,
+    with_entropy: bool,
+    replicas: &Replicas,
+) -> Result<TokenLogProbs> {
+    let infer = model.lock::<B>()?.inference_model();
     let (b, t) = (rollouts.len(), rollouts.response_len());
     // A gathered row: [log-probs (t) | entropies (t) when asked].
     let width = if with_entropy { 2 * t } else { t };
     let gathered = replicas.run(|r| {
+        let (infer, device) = replica_copy::<B>(&infer, r.device)?;
         let rows: Vec<usize> = shard(b, r.world, r.index).collect();
         let mut mine = Vec::with_capacity(rows.len());
         for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
             let seq = SequenceBatch::new(rollouts, chunk_rows)?;
-            let out = seq.log_probs(&infer, temperature, chunk, &r.device)?;
+            let out = seq.log_probs(&infer, temperature, chunk, &device)?;
             let lp = masked_host(out.log_probs, &seq.mask)?;
             let h = if with_entropy {
                 Some(masked_host(out.entropy, &seq.mask)?)

@@ -29,13 +29,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use burn::module::{AutodiffModule, Module};
 use flowrl_engine::{
-    BuildContext, Diagnostic, ParamSpec, Params, ResourceKind, ResourceValue, ValidateCtx,
+    BuildContext, DeviceSpec, Diagnostic, ParamSpec, Params, ResourceKind, ResourceValue,
+    ValidateCtx,
 };
 use flowrl_models::Model;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
-use crate::backend::{InferBackend, TrainBackend, TrainDevice};
+use crate::backend::{BackendKind, FlowBackend, on_backend};
 use crate::optim::AdamW;
 
 /// Counters of the optimizer steps applied to a model (saved with checkpoints).
@@ -47,18 +48,18 @@ pub struct UpdateCounters {
     pub skipped_steps: u64,
 }
 
-/// The mutable part of a model resource.
-pub struct ModelState {
-    pub model: Model<TrainBackend>,
+/// The mutable part of a model resource, on backend `B`.
+pub struct ModelState<B: FlowBackend> {
+    pub model: Model<B>,
     /// Created by the first update node that trains this model.
-    pub optimizer: Option<AdamW<TrainBackend>>,
+    pub optimizer: Option<AdamW<B>>,
     pub counters: UpdateCounters,
-    pub device: TrainDevice,
+    pub device: B::Device,
 }
 
-impl ModelState {
+impl<B: FlowBackend> ModelState<B> {
     /// The model without autodiff (for generation and log-probs without gradients).
-    pub fn inference_model(&self) -> Model<InferBackend> {
+    pub fn inference_model(&self) -> Model<B::InnerBackend> {
         self.model.valid()
     }
 }
@@ -73,14 +74,24 @@ pub struct ModelResource {
     pub trainable: bool,
     /// `tokenizer.json` of `dir`, when present.
     pub tokenizer: Option<Arc<Tokenizer>>,
-    state: Mutex<ModelState>,
+    /// The device the weights live on.
+    pub device: DeviceSpec,
+    backend: BackendKind,
+    /// A `Mutex<ModelState<B>>` for the backend `backend` names.
+    state: Box<dyn Any + Send + Sync>,
 }
 
 impl ModelResource {
-    /// Loads a Hugging Face directory (see the module doc for the checks). With `random_seed`,
-    /// the weights are not read: they are drawn from the directory's config.json
+    /// Loads a Hugging Face directory onto `device` (see the module doc for the checks). With
+    /// `random_seed`, the weights are not read: they are drawn from the directory's config.json
     /// (`Model::random`), which is how the tiny default model starts its SFT warm start.
-    pub fn load(name: &str, dir: &Path, trainable: bool, random_seed: Option<u64>) -> Result<Self> {
+    pub fn load(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        random_seed: Option<u64>,
+        device: DeviceSpec,
+    ) -> Result<Self> {
         ensure!(
             dir.is_dir(),
             "model `{name}`: directory `{}` does not exist",
@@ -118,65 +129,89 @@ impl ModelResource {
         } else {
             None
         };
-        let device = TrainDevice::default();
-        let model = match random_seed {
-            None => Model::<TrainBackend>::load(dir, &device)
-                .with_context(|| format!("model `{name}`: loading {}", dir.display()))?,
-            Some(seed) => {
-                let config = std::fs::read_to_string(dir.join("config.json"))?;
-                Model::<TrainBackend>::random(&config, &device, seed).with_context(|| {
-                    format!("model `{name}`: random init from {}", dir.display())
-                })?
-            }
-        };
-        Ok(Self::from_model(
-            name, dir, trainable, tokenizer, model, device,
-        ))
+        on_backend!(BackendKind::of(device)?, B => {
+            let burn_device = B::device(device).with_context(|| format!("model `{name}`"))?;
+            let model = match random_seed {
+                None => Model::<B>::load(dir, &burn_device)
+                    .with_context(|| format!("model `{name}`: loading {}", dir.display()))?,
+                Some(seed) => {
+                    let config = std::fs::read_to_string(dir.join("config.json"))?;
+                    Model::<B>::random(&config, &burn_device, seed).with_context(|| {
+                        format!("model `{name}`: random init from {}", dir.display())
+                    })?
+                }
+            };
+            Ok(Self::from_model(name, dir, trainable, tokenizer, model, device, burn_device))
+        })
     }
 
-    /// Wraps an already built model (tests, random initialisation).
-    pub fn from_model(
+    /// Wraps an already built model on `device` (tests, random initialisation).
+    pub fn from_model<B: FlowBackend>(
         name: &str,
         dir: &Path,
         trainable: bool,
         tokenizer: Option<Arc<Tokenizer>>,
-        model: Model<TrainBackend>,
-        device: TrainDevice,
+        model: Model<B>,
+        device: DeviceSpec,
+        burn_device: B::Device,
     ) -> Self {
         Self {
             name: name.to_string(),
             dir: dir.to_path_buf(),
             trainable,
             tokenizer,
-            state: Mutex::new(ModelState {
+            device,
+            backend: B::KIND,
+            state: Box::new(Mutex::new(ModelState {
                 model,
                 optimizer: None,
                 counters: UpdateCounters::default(),
-                device,
-            }),
+                device: burn_device,
+            })),
         }
     }
 
-    /// A frozen copy of this resource's current weights.
-    pub fn frozen_copy(&self, name: &str) -> Self {
-        let s = self.lock();
-        let model = s.model.clone().no_grad();
-        let device = s.device;
-        drop(s);
-        Self::from_model(
-            name,
-            &self.dir,
-            false,
-            self.tokenizer.clone(),
-            model,
-            device,
-        )
+    /// The backend the weights live on.
+    pub fn backend(&self) -> BackendKind {
+        self.backend
     }
 
-    /// Exclusive access to the model and its optimizer.
-    pub fn lock(&self) -> MutexGuard<'_, ModelState> {
+    /// A frozen copy of this resource's current weights.
+    pub fn frozen_copy(&self, name: &str) -> Result<Self> {
+        on_backend!(self.backend, B => {
+            let s = self.lock::<B>()?;
+            let model = s.model.clone().no_grad();
+            let burn_device = s.device.clone();
+            drop(s);
+            Ok(Self::from_model(
+                name,
+                &self.dir,
+                false,
+                self.tokenizer.clone(),
+                model,
+                self.device,
+                burn_device,
+            ))
+        })
+    }
+
+    /// Exclusive access to the model and its optimizer on backend `B` (an error when the model
+    /// lives on another backend).
+    pub fn lock<B: FlowBackend>(&self) -> Result<MutexGuard<'_, ModelState<B>>> {
+        let state = self
+            .state
+            .downcast_ref::<Mutex<ModelState<B>>>()
+            .ok_or_else(|| {
+                anyhow!(
+                    "model `{}` lives on {} ({:?} backend), not on the {:?} backend",
+                    self.name,
+                    self.device,
+                    self.backend,
+                    B::KIND
+                )
+            })?;
         // A panic while holding the lock leaves a model that is still usable for saving.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        Ok(state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The tokenizer, or an error naming the model directory.
@@ -195,8 +230,17 @@ impl ModelResource {
         if !self.trainable {
             return Ok(());
         }
-        let s = self.lock();
-        s.model.save(&dir.join("model"), None)?;
+        on_backend!(self.backend, B => {
+            let s = self.lock::<B>()?;
+            s.model.save(&dir.join("model"), None)?;
+            if let Some(opt) = &s.optimizer {
+                opt.save(&dir.join("optimizer.safetensors"))?;
+            }
+            std::fs::write(
+                dir.join("state.json"),
+                serde_json::to_string_pretty(&s.counters)?,
+            )?;
+        });
         for file in [
             "tokenizer.json",
             "tokenizer_config.json",
@@ -209,13 +253,6 @@ impl ModelResource {
                     .with_context(|| format!("copying {}", src.display()))?;
             }
         }
-        if let Some(opt) = &s.optimizer {
-            opt.save(&dir.join("optimizer.safetensors"))?;
-        }
-        std::fs::write(
-            dir.join("state.json"),
-            serde_json::to_string_pretty(&s.counters)?,
-        )?;
         Ok(())
     }
 
@@ -224,24 +261,26 @@ impl ModelResource {
         if !self.trainable {
             return Ok(());
         }
-        let mut s = self.lock();
-        let device = s.device;
-        s.model = Model::<TrainBackend>::load(&dir.join("model"), &device)
-            .with_context(|| format!("model `{}`: restoring {}", self.name, dir.display()))?;
-        let opt_path = dir.join("optimizer.safetensors");
-        if opt_path.is_file() {
-            let mut opt = s
-                .optimizer
-                .take()
-                .unwrap_or_else(|| AdamW::new(Default::default()));
-            opt.load(&opt_path, &device)?;
-            s.optimizer = Some(opt);
-        }
-        let state = dir.join("state.json");
-        if state.is_file() {
-            s.counters = serde_json::from_str(&std::fs::read_to_string(&state)?)
-                .with_context(|| format!("parsing {}", state.display()))?;
-        }
+        on_backend!(self.backend, B => {
+            let mut s = self.lock::<B>()?;
+            let device = s.device.clone();
+            s.model = Model::<B>::load(&dir.join("model"), &device)
+                .with_context(|| format!("model `{}`: restoring {}", self.name, dir.display()))?;
+            let opt_path = dir.join("optimizer.safetensors");
+            if opt_path.is_file() {
+                let mut opt = s
+                    .optimizer
+                    .take()
+                    .unwrap_or_else(|| AdamW::new(Default::default()));
+                opt.load(&opt_path, &device)?;
+                s.optimizer = Some(opt);
+            }
+            let state = dir.join("state.json");
+            if state.is_file() {
+                s.counters = serde_json::from_str(&std::fs::read_to_string(&state)?)
+                    .with_context(|| format!("parsing {}", state.display()))?;
+            }
+        });
         Ok(())
     }
 }
@@ -329,15 +368,6 @@ impl ResourceKind for ModelKind {
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<ResourceValue> {
         let p: ModelParams = params.parse()?;
-        // The built-in nodes compute on `crate::backend` (Flex, CPU) only; running a model on a
-        // CUDA device needs CUDA-generic nodes (issue 9). Say so instead of silently using the CPU.
-        ensure!(
-            matches!(ctx.device, flowrl_engine::DeviceSpec::Cpu(_)),
-            "model `{}`: device {} is not supported by the built-in nodes yet (they compute on \
-             the CPU backend); run with `--device cpu`",
-            ctx.node,
-            ctx.device
-        );
         ensure!(
             p.dtype == "f32",
             "model `{}`: dtype `{}` is not supported on this build",
@@ -347,11 +377,12 @@ impl ResourceKind for ModelKind {
         let resource = match (p.path, p.from) {
             (Some(path), None) => {
                 let seed = (p.init == "random").then(|| ctx.init_seed());
-                ModelResource::load(&ctx.node, &path, p.trainable.unwrap_or(true), seed)?
+                let trainable = p.trainable.unwrap_or(true);
+                ModelResource::load(&ctx.node, &path, trainable, seed, ctx.device)?
             }
             (None, Some(from)) => {
                 let source = ctx.resource::<ModelResource>(&from)?;
-                source.frozen_copy(&ctx.node)
+                source.frozen_copy(&ctx.node)?
             }
             _ => bail!(
                 "model `{}` needs exactly one of `path` and `from`",

@@ -24,6 +24,7 @@ use serde::Deserialize;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::backend::{FlowBackend, on_backend, replica_copy};
 use crate::data_parallel::{Replicas, shard};
 use crate::model_resource::ModelResource;
 use crate::validate::{model_context_length, upstream_prompt_length};
@@ -228,9 +229,24 @@ pub fn sample_rollouts(
     ctx: &mut StepContext,
 ) -> Result<RolloutBatch> {
     ensure!(!prompts.is_empty(), "the prompt batch is empty");
+    let base_seed: u64 = ctx.rng().random();
+    on_backend!(model.backend(), B => {
+        sample_on::<B>(model, prompts, params, stop_ids, replicas, base_seed)
+    })
+}
+
+/// [`sample_rollouts`] on the model's backend `B`, the step's RNG having drawn `base_seed`.
+fn sample_on<B: FlowBackend>(
+    model: &ModelResource,
+    prompts: &Arc<PromptBatch>,
+    params: &RolloutParams,
+    stop_ids: &[u32],
+    replicas: &Replicas,
+    base_seed: u64,
+) -> Result<RolloutBatch> {
     let n = params.n;
     let tokenizer = model.tokenizer()?.clone();
-    let infer = model.lock().inference_model();
+    let infer = model.lock::<B>()?.inference_model();
     let suppress = ModelParts::of(&infer)
         .vision
         .map(|v| vec![v.image_token_id()])
@@ -242,13 +258,13 @@ pub fn sample_rollouts(
         pad_token_id: prompts.pad_token_id,
         suppress_token_ids: suppress,
     };
-    let base_seed: u64 = ctx.rng().random();
     let b = prompts.len() * n;
     // A gathered row: [length, stopped, tokens (max_new_tokens), log-probs (max_new_tokens)];
     // token ids are exact in f32 below 2^24.
     let max_new = params.max_new_tokens;
     let width = 2 + 2 * max_new;
     let gathered = replicas.run(|r| {
+        let (infer, device) = replica_copy::<B>(&infer, r.device)?;
         let parts = ModelParts::of(&infer);
         let mut rows = Vec::new();
         let mut inputs = Vec::new();
@@ -264,7 +280,7 @@ pub fn sample_rollouts(
                 rngs.push(StdRng::seed_from_u64(row_seed(base_seed, i * n + j)));
             }
         }
-        let generation = generate(&parts, &inputs, &config, &mut rngs, &r.device)?;
+        let generation = generate(&parts, &inputs, &config, &mut rngs, &device)?;
         let encoded = rows.iter().enumerate().map(|(k, &row)| {
             let mut v = vec![0.0f32; width];
             let tokens = &generation.tokens[k];

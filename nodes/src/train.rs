@@ -7,7 +7,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use serde::Deserialize;
 
-use crate::backend::TrainBackend;
+use crate::backend::FlowBackend;
 use crate::data_parallel::{Replicas, shard};
 use crate::model_resource::ModelState;
 use crate::optim::{AdamW, AdamWConfig, LrSchedule, WarmupStyle, clip_grad_norm};
@@ -109,8 +109,8 @@ pub struct StepOutcome {
 /// ([`flowrl_models::Model::vision_param_ids`]) are dropped first, so they count neither in the
 /// global norm nor in the step, and AdamW (which visits only parameters with a gradient) leaves
 /// those weights bit-identical, weight decay included — verl's `requires_grad_(False)` on the tower.
-pub fn guarded_step(
-    state: &mut ModelState,
+pub fn guarded_step<B: FlowBackend>(
+    state: &mut ModelState<B>,
     config: AdamWConfig,
     grads: Option<GradientsParams>,
     lr: f64,
@@ -127,7 +127,7 @@ pub fn guarded_step(
     if freeze_vision_tower {
         drop_vision_grads(&state.model, &mut grads);
     }
-    let norm = clip_grad_norm::<TrainBackend, _>(&state.model, &mut grads, grad_clip);
+    let norm = clip_grad_norm::<B, _>(&state.model, &mut grads, grad_clip);
     if !norm.is_finite() {
         state.counters.skipped_steps += 1;
         return StepOutcome {
@@ -147,15 +147,15 @@ pub fn guarded_step(
 }
 
 /// Removes the gradients of `model`'s vision tower from `grads`.
-pub fn drop_vision_grads(model: &flowrl_models::Model<TrainBackend>, grads: &mut GradientsParams) {
+pub fn drop_vision_grads<B: FlowBackend>(
+    model: &flowrl_models::Model<B>,
+    grads: &mut GradientsParams,
+) {
     use burn::module::{ModuleVisitor, Param};
-    use burn::tensor::backend::AutodiffBackend;
     struct Drop<'a>(&'a mut GradientsParams);
-    impl ModuleVisitor<TrainBackend> for Drop<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
-            let _ = self
-                .0
-                .remove::<<TrainBackend as AutodiffBackend>::InnerBackend, D>(param.id);
+    impl<B: FlowBackend> ModuleVisitor<B> for Drop<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let _ = self.0.remove::<B::InnerBackend, D>(param.id);
         }
     }
     model.visit_vision_tower(&mut Drop(grads));
@@ -218,19 +218,27 @@ pub struct PartialStep {
 ///
 /// Replicas exchange one vector per optimizer step whatever their micro-batch counts, so uneven
 /// shares cannot leave a replica waiting in a collective the others never call.
-pub fn replicated_grads(
+pub fn replicated_grads<B: FlowBackend>(
     replicas: &Replicas,
-    model: &flowrl_models::Model<TrainBackend>,
+    model: &flowrl_models::Model<B>,
     rows: &[usize],
-    compute: impl Fn(&flowrl_models::Model<TrainBackend>, &[usize]) -> Result<PartialStep> + Sync,
+    compute: impl Fn(&flowrl_models::Model<B>, &[usize]) -> Result<PartialStep> + Sync,
 ) -> Result<PartialStep> {
-    use burn::module::AutodiffModule;
+    use burn::module::{AutodiffModule, Module};
     if replicas.world() == 1 {
         return compute(model, rows);
     }
     let mut out = replicas.run(|r| {
         let mine = &rows[shard(rows.len(), r.world, r.index)];
-        let copy = flowrl_models::Model::<TrainBackend>::from_inner(model.valid());
+        // Each replica differentiates its own copy on its own device (shared storage on the CPU;
+        // `fork` moves the parameters as new leaves that still require gradients).
+        let device = B::device(r.device)?;
+        let copy = flowrl_models::Model::<B>::from_inner(model.valid());
+        let copy = if crate::backend::device_of(&copy) == device {
+            copy
+        } else {
+            copy.fork(&device)
+        };
         let partial = compute(&copy, mine)?;
         let flat = flatten_step(&copy, partial);
         let flat = r.all_reduce_sum(flat)?;
@@ -241,22 +249,20 @@ pub fn replicated_grads(
 
 /// `[gradient values of every float parameter in module order (zeros when absent) | one
 /// presence flag per parameter | non-finite flag | stats]`.
-fn flatten_step(model: &flowrl_models::Model<TrainBackend>, step: PartialStep) -> Vec<f32> {
+fn flatten_step<B: FlowBackend>(model: &flowrl_models::Model<B>, step: PartialStep) -> Vec<f32> {
     use burn::module::{Module, ModuleVisitor, Param};
-    use burn::tensor::backend::AutodiffBackend;
-    type Inner = <TrainBackend as AutodiffBackend>::InnerBackend;
     struct Flatten {
         grads: Option<GradientsParams>,
         values: Vec<f32>,
         flags: Vec<f32>,
     }
-    impl ModuleVisitor<TrainBackend> for Flatten {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
+    impl<B: FlowBackend> ModuleVisitor<B> for Flatten {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let numel = param.val().shape().num_elements();
             let grad = self
                 .grads
                 .as_mut()
-                .and_then(|g| g.remove::<Inner, D>(param.id));
+                .and_then(|g| g.remove::<B::InnerBackend, D>(param.id));
             match grad {
                 Some(g) => {
                     let v = g.into_data().convert::<f32>();
@@ -287,17 +293,15 @@ fn flatten_step(model: &flowrl_models::Model<TrainBackend>, step: PartialStep) -
 
 /// The inverse of [`flatten_step`] after the all-reduce sum: gradients divided by `world`,
 /// registered under `model`'s parameter ids; statistics as summed.
-fn unflatten_step(
-    model: &flowrl_models::Model<TrainBackend>,
+fn unflatten_step<B: FlowBackend>(
+    model: &flowrl_models::Model<B>,
     flat: Vec<f32>,
     world: usize,
 ) -> Result<PartialStep> {
     use burn::module::{Module, ModuleVisitor, Param};
-    use burn::tensor::backend::AutodiffBackend;
-    type Inner = <TrainBackend as AutodiffBackend>::InnerBackend;
     struct Shapes(Vec<usize>);
-    impl ModuleVisitor<TrainBackend> for Shapes {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
+    impl<B: FlowBackend> ModuleVisitor<B> for Shapes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             self.0.push(param.val().shape().num_elements());
         }
     }
@@ -326,8 +330,8 @@ fn unflatten_step(
         scale: f32,
         grads: GradientsParams,
     }
-    impl ModuleVisitor<TrainBackend> for Unflatten<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<TrainBackend, D>>) {
+    impl<B: FlowBackend> ModuleVisitor<B> for Unflatten<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let value = param.val();
             let shape = value.shape();
             let n = shape.num_elements();
@@ -337,8 +341,11 @@ fn unflatten_step(
                     .iter()
                     .map(|x| x * self.scale)
                     .collect();
-                let t = Tensor::<Inner, D>::from_data(TensorData::new(v, shape), &value.device());
-                self.grads.register::<Inner, D>(param.id, t);
+                let t = Tensor::<B::InnerBackend, D>::from_data(
+                    TensorData::new(v, shape),
+                    &value.device(),
+                );
+                self.grads.register::<B::InnerBackend, D>(param.id, t);
             }
             self.offset += n;
             self.index += 1;

@@ -41,7 +41,7 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
-use crate::backend::{TrainBackend, TrainDevice};
+use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
 use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
@@ -357,18 +357,39 @@ impl Node for PpoUpdateNode {
         if old.is_none() && (self.p.ppo_epochs > 1 || mini_rows < b) {
             bail!("without `old_log_probs` the update must be one epoch over one mini-batch");
         }
+        on_backend!(self.model.backend(), B => {
+            self.update::<B>(&rollouts, &adv, old, reference, mini_rows, micro_rows, ctx)
+        })
+    }
+}
+
+impl PpoUpdateNode {
+    /// The epochs of mini-batch steps over `rollouts`, on the model's backend `B`, and the
+    /// step's metrics.
+    #[allow(clippy::too_many_arguments)]
+    fn update<B: FlowBackend>(
+        &self,
+        rollouts: &RolloutBatch,
+        adv: &AdvantageBatch,
+        old: Option<&TokenLogProbs>,
+        reference: Option<&TokenLogProbs>,
+        mini_rows: usize,
+        micro_rows: usize,
+        ctx: &mut StepContext,
+    ) -> Result<Outputs> {
+        let b = rollouts.len();
         let lr = self.schedule.lr(ctx.step());
         let adamw = self.p.optim.adamw()?;
         let mut sums = Sums::default();
-        let mut state = self.model.lock();
+        let mut state = self.model.lock::<B>()?;
         let rows: Vec<usize> = (0..b).collect();
         let world = self.replicas.world();
         for _epoch in 0..self.p.ppo_epochs {
             for mini in rows.chunks(mini_rows) {
-                let info = global_batch_info(&rollouts, mini, &self.replicas);
+                let info = global_batch_info(rollouts, mini, &self.replicas);
                 let step = replicated_grads(&self.replicas, &state.model, mini, |model, mine| {
                     self.mini_batch_grads(
-                        model, &rollouts, &adv, old, reference, &info, mine, micro_rows,
+                        model, rollouts, adv, old, reference, &info, mine, micro_rows,
                     )
                 })
                 .with_context(|| format!("update `{}`", ctx.node_name()))?;
@@ -436,16 +457,14 @@ impl Node for PpoUpdateNode {
         ctx.metric("actor/skipped_steps", sums.skipped as f64);
         Ok(Outputs::new().with("done", done))
     }
-}
 
-impl PpoUpdateNode {
     /// One replica's accumulated gradients over its rows `mine` of a mini-batch (`None` when a
     /// micro-batch loss is not finite), with its [`MicroSums`]. The loss is normalised by the
     /// mini-batch's `info` (its token and row counts, scaled by the replica count).
     #[allow(clippy::too_many_arguments)]
-    fn mini_batch_grads(
+    fn mini_batch_grads<B: FlowBackend>(
         &self,
-        model: &flowrl_models::Model<TrainBackend>,
+        model: &flowrl_models::Model<B>,
         rollouts: &RolloutBatch,
         adv: &AdvantageBatch,
         old: Option<&TokenLogProbs>,
@@ -454,8 +473,7 @@ impl PpoUpdateNode {
         mine: &[usize],
         micro_rows: usize,
     ) -> Result<PartialStep> {
-        type B = TrainBackend;
-        let device = TrainDevice::default();
+        let device = device_of(model);
         let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
         let mut sums = MicroSums::default();
         let mut finite = true;

@@ -26,7 +26,7 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
-use crate::backend::{TrainBackend, TrainDevice};
+use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
 use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
@@ -133,10 +133,10 @@ pub fn target_batch(
     template: &str,
 ) -> Result<RolloutBatch> {
     let tok = model.tokenizer()?;
-    let eos = {
-        let s = model.lock();
+    let eos = on_backend!(model.backend(), B => {
+        let s = model.lock::<B>()?;
         s.model.causal_lm().eos_token_ids().first().copied()
-    };
+    });
     let mut response_ids = Vec::with_capacity(prompts.len());
     let mut texts = Vec::with_capacity(prompts.len());
     for p in &prompts.prompts {
@@ -171,21 +171,27 @@ pub fn target_batch(
 
 impl Node for SftNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
-        type B = TrainBackend;
         let prompts = inputs.get_arc::<PromptBatch>("prompts")?;
         let batch = target_batch(&self.model, &prompts, &self.p.response_template)?;
+        on_backend!(self.model.backend(), B => self.step::<B>(&batch, ctx))
+    }
+}
+
+impl SftNode {
+    /// One optimizer step on the targets of `batch`, on the model's backend `B`.
+    fn step<B: FlowBackend>(&self, batch: &RolloutBatch, ctx: &mut StepContext) -> Result<Outputs> {
         let b = batch.len();
         let micro = self.p.micro_batch_size.unwrap_or(b).min(b).max(1);
         let lr = self.schedule.lr(ctx.step());
-        let mut state = self.model.lock();
+        let mut state = self.model.lock::<B>()?;
         let rows: Vec<usize> = (0..b).collect();
-        let info = global_batch_info(&batch, &rows, &self.replicas);
+        let info = global_batch_info(batch, &rows, &self.replicas);
         let step = replicated_grads(&self.replicas, &state.model, &rows, |model, mine| {
-            let device = TrainDevice::default();
+            let device = device_of(model);
             let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
             let mut total = 0.0;
             for chunk in mine.chunks(micro) {
-                let seq = SequenceBatch::new(&batch, chunk)?;
+                let seq = SequenceBatch::new(batch, chunk)?;
                 let out = seq.log_probs(model, 1.0, self.p.chunk, &device)?;
                 let loss = agg_loss(
                     out.log_probs.neg(),

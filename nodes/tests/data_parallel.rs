@@ -1,7 +1,8 @@
 //! Data parallelism at the node level: the data-parallel node kinds (`rollout`, `logprob`,
 //! `update.ppo`, `update.sft`) built with several CPU replicas in one process give what one
 //! replica gives — the same responses, the same log-probs, and the same update (gradients
-//! all-reduced through burn-collective) within float tolerance.
+//! all-reduced through burn-collective) within float tolerance. With the `vulkan` feature, the
+//! same nodes on a Vulkan device (the GPU backend's kernels) give what they give on the CPU.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,20 +75,33 @@ micro_batch_size = 2
 lr = 1e-3
 "#;
 
-/// The graph's nodes built on `replicas` CPU replicas, over a fresh copy of the policy.
+/// The graph's nodes built on some devices, over a fresh copy of the policy.
 struct Built {
     resources: Arc<Resources>,
     nodes: Vec<(String, Box<dyn Node>)>,
 }
 
+/// The nodes on `replicas` CPU replicas.
 fn build(replicas: usize) -> Built {
+    build_on((0..replicas).map(DeviceSpec::Cpu).collect())
+}
+
+/// The nodes with the policy on `devices[0]` and the data-parallel kinds on every device.
+fn build_on(devices: Vec<DeviceSpec>) -> Built {
+    let first = devices[0];
     std::env::set_current_dir(root()).unwrap();
     let registry = Registry::builtin();
     let (graph, _) =
         compile(&registry, "dp.toml", GRAPH, &[]).unwrap_or_else(|f| panic!("{}", f.render()));
     let mut resources = Resources::default();
-    let policy =
-        ModelResource::load("policy", &root().join("assets/tiny-qwen2-vl"), true, None).unwrap();
+    let policy = ModelResource::load(
+        "policy",
+        &root().join("assets/tiny-qwen2-vl"),
+        true,
+        None,
+        first,
+    )
+    .unwrap();
     resources.insert(
         "policy",
         graph.resources[0].kind.clone(),
@@ -95,7 +109,7 @@ fn build(replicas: usize) -> Built {
     );
     let resources = Arc::new(resources);
     let placement = Placement {
-        devices: (0..replicas).map(DeviceSpec::Cpu).collect(),
+        devices,
         cluster: None,
     };
     let nodes = graph
@@ -104,11 +118,11 @@ fn build(replicas: usize) -> Built {
         .map(|n| {
             let ctx = BuildContext {
                 node: n.name.clone(),
-                device: DeviceSpec::Cpu(0),
+                device: first,
                 placement: if n.kind.data_parallel() {
                     placement.clone()
                 } else {
-                    Placement::single(DeviceSpec::Cpu(0))
+                    Placement::single(first)
                 },
                 seed: graph.run.seed,
                 total_steps: graph.run.steps,
@@ -138,11 +152,12 @@ impl Built {
         (out, ctx.metrics().to_vec())
     }
 
+    /// The policy's weights as saved (in checkpoint order), whatever its backend.
     fn weights(&self) -> Vec<f32> {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
         let dir = tempfile::tempdir().unwrap();
-        m.lock().model.save(dir.path(), None).unwrap();
-        let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+        m.save_to(dir.path()).unwrap();
+        let bytes = std::fs::read(dir.path().join("model/model.safetensors")).unwrap();
         bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -228,76 +243,91 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
     (a - b).abs() <= rel * a.abs().max(b.abs()).max(1e-3)
 }
 
-#[test]
-fn replicas_in_one_process_match_one_device() {
-    let mut one = build(1);
-    let mut three = build(3);
+/// `b` computed what `a` computed over two steps: the same responses, log-probs within `lp_tol`,
+/// every update metric within `rel`, and weights within `w_tol` after the steps.
+fn assert_same_steps(a: &mut Built, b: &mut Built, what: &str, lp_tol: f32, rel: f64, w_tol: f32) {
     for s in 0..2 {
-        let a = step(&mut one, s);
-        let b = step(&mut three, s);
-        // Responses: each row has its own RNG, so the split does not change them.
+        let x = step(a, s);
+        let y = step(b, s);
+        // Responses: each row has its own RNG, so neither the split nor the backend changes them
+        // (a token would flip only for a draw within float noise of a CDF boundary).
         assert_eq!(
-            a.rollouts.response_ids, b.rollouts.response_ids,
-            "step {s}: responses"
+            x.rollouts.response_ids, y.rollouts.response_ids,
+            "{what}, step {s}: responses"
         );
-        let worst = a
-            .rollouts
-            .sampling_log_probs
-            .data
-            .iter()
-            .zip(&b.rollouts.sampling_log_probs.data)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
+        let worst = max_abs_diff(
+            &x.rollouts.sampling_log_probs.data,
+            &y.rollouts.sampling_log_probs.data,
+        );
         assert!(
-            worst < 1e-4,
-            "step {s}: sampling log-probs differ by {worst}"
+            worst < lp_tol,
+            "{what}, step {s}: sampling log-probs differ by {worst}"
         );
-        let worst = a
-            .log_probs
-            .log_probs
-            .data
-            .iter()
-            .zip(&b.log_probs.log_probs.data)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-4, "step {s}: log-probs differ by {worst}");
-        assert!(b.log_probs.entropy.is_some());
+        let worst = max_abs_diff(&x.log_probs.log_probs.data, &y.log_probs.log_probs.data);
+        assert!(
+            worst < lp_tol,
+            "{what}, step {s}: log-probs differ by {worst}"
+        );
+        assert!(y.log_probs.entropy.is_some());
         for (metrics_a, metrics_b) in [
-            (&a.update_metrics, &b.update_metrics),
-            (&a.sft_metrics, &b.sft_metrics),
+            (&x.update_metrics, &y.update_metrics),
+            (&x.sft_metrics, &y.sft_metrics),
         ] {
             assert_eq!(metrics_a.len(), metrics_b.len());
             for ((ka, va), (kb, vb)) in metrics_a.iter().zip(metrics_b) {
                 assert_eq!(ka, kb);
-                assert!(
-                    close(*va, *vb, 1e-3),
-                    "step {s}: {ka} {va} (1 replica) vs {vb} (3 replicas)"
-                );
+                assert!(close(*va, *vb, rel), "{what}, step {s}: {ka} {va} vs {vb}");
             }
         }
-        let names: Vec<&str> = b.update_metrics.iter().map(|(k, _)| k.as_str()).collect();
+        let names: Vec<&str> = y.update_metrics.iter().map(|(k, _)| k.as_str()).collect();
         assert!(
             names.contains(&"actor/pg_loss") && names.contains(&"actor/grad_norm"),
             "{names:?}"
         );
     }
     // Two PPO epochs × one mini-batch + one SFT step, twice: the weights stay together.
-    let (wa, wb) = (one.weights(), three.weights());
+    let (wa, wb) = (a.weights(), b.weights());
     assert_eq!(wa.len(), wb.len());
-    let worst = wa
-        .iter()
-        .zip(&wb)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
-    // Adam's steps are ≈ lr = 1e-3 per weight; reduction-order noise stays far below that.
-    assert!(worst < 1e-4, "weights differ by {worst} after 2 steps");
-    let moved = wa
-        .iter()
-        .zip(build(1).weights())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&wa, &wb);
+    assert!(
+        worst < w_tol,
+        "{what}: weights differ by {worst} after 2 steps"
+    );
+    let moved = max_abs_diff(&wa, &build(1).weights());
     assert!(
         moved > 1e-3,
-        "the updates moved the weights by only {moved}"
+        "{what}: the updates moved the weights by only {moved}"
     );
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn replicas_in_one_process_match_one_device() {
+    // Adam's steps are ≈ lr = 1e-3 per weight; reduction-order noise stays far below that.
+    assert_same_steps(
+        &mut build(1),
+        &mut build(3),
+        "3 replicas vs 1",
+        1e-4,
+        1e-3,
+        1e-4,
+    );
+}
+
+/// rollout, logprob, update.ppo (its gradients, through the metrics and the weights they move)
+/// and update.sft on a Vulkan device against the CPU. The kernels sum in another order than
+/// Flex's, so log-probs differ by float noise (~1e-6 here); the tolerances are the replica test's.
+#[cfg(feature = "vulkan")]
+#[test]
+fn vulkan_nodes_match_the_cpu() {
+    let mut cpu = build(1);
+    let mut vulkan = build_on(vec![DeviceSpec::Vulkan(0)]);
+    assert_same_steps(&mut cpu, &mut vulkan, "vulkan vs cpu", 1e-4, 1e-3, 1e-4);
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 use flowrl_engine::{DeviceSpec, Registry, Session, compile};
 use flowrl_models::weights::WeightVisitor;
-use flowrl_nodes::backend::TrainBackend;
+use flowrl_nodes::backend::{CpuBackend, TrainBackend};
 use flowrl_nodes::model_resource::ModelResource;
 
 fn root() -> PathBuf {
@@ -38,7 +38,7 @@ fn named_weights(s: &Session) -> BTreeMap<String, Vec<f32>> {
     }
     let m = s.resources().get::<ModelResource>("policy").unwrap();
     let mut c = Collect(BTreeMap::new());
-    m.lock().model.export(&mut c);
+    m.lock::<CpuBackend>().unwrap().model.export(&mut c);
     c.0
 }
 

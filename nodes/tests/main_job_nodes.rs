@@ -15,6 +15,7 @@ use flowrl_engine::{
     BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
     PortType, Registry, Session, StepContext, compile,
 };
+use flowrl_nodes::backend::CpuBackend;
 use flowrl_nodes::model_resource::ModelResource;
 use flowrl_nodes::values::{
     AdvantageBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, port_types,
@@ -250,7 +251,11 @@ inputs = {{ rollouts = "rollout.rollouts", log_probs = "old.log_probs" }}
 fn weights(s: &Session) -> Vec<f32> {
     let m = s.resources().get::<ModelResource>("policy").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    m.lock().model.save(dir.path(), None).unwrap();
+    m.lock::<CpuBackend>()
+        .unwrap()
+        .model
+        .save(dir.path(), None)
+        .unwrap();
     let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
     bytes
         .chunks_exact(4)
@@ -374,16 +379,22 @@ fn nan_in_the_loss_skips_the_step_and_counts_it() {
         "a skipped step leaves the weights alone"
     );
     let m = s.resources().get::<ModelResource>("policy").unwrap();
-    let c = m.lock().counters;
+    let c = m.lock::<CpuBackend>().unwrap().counters;
     assert_eq!((c.optimizer_steps, c.skipped_steps), (1, 1));
 }
 
 #[test]
 fn missing_model_directory_and_vocabulary_mismatch_are_clear_errors() {
-    let err = ModelResource::load("policy", Path::new("/nonexistent/model"), true, None)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = ModelResource::load(
+        "policy",
+        Path::new("/nonexistent/model"),
+        true,
+        None,
+        DeviceSpec::Cpu(0),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(
         err.contains("model `policy`")
             && err.contains("/nonexistent/model")
@@ -404,7 +415,7 @@ fn missing_model_directory_and_vocabulary_mismatch_are_clear_errors() {
         config.replace("\"vocab_size\": 424", "\"vocab_size\": 300"),
     )
     .unwrap();
-    let err = ModelResource::load("policy", dir.path(), true, None)
+    let err = ModelResource::load("policy", dir.path(), true, None, DeviceSpec::Cpu(0))
         .err()
         .unwrap()
         .to_string();

@@ -1,5 +1,5 @@
 //! Helpers shared by the end-to-end tests that run the default GRPO graph through the `flowrl`
-//! binary (main_job_grpo.rs, scale_out.rs).
+//! binary (main_job_grpo.rs, scale_out.rs, vulkan.rs).
 
 #![allow(dead_code)] // each test binary uses its own subset
 
@@ -42,4 +42,37 @@ pub fn metrics(dir: &Path) -> Vec<Value> {
             v
         })
         .collect()
+}
+
+/// Every metric of `b` equals `a`'s within 2e-3 relative (absolute below 1e-2; timings and
+/// throughput excepted), and the run is not trivially equal: it sampled, scored and updated.
+pub fn assert_same_metrics(a: &[Value], b: &[Value], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: steps");
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+        let keys = |m: &serde_json::Map<String, Value>| -> Vec<String> {
+            m.keys()
+                .filter(|k| !k.starts_with("timing") && !k.starts_with("perf/"))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(keys(x), keys(y), "{what}: metric names at step {step}");
+        for k in keys(x) {
+            match (x[&k].as_f64(), y[&k].as_f64()) {
+                (Some(u), Some(v)) => assert!(
+                    (u - v).abs() <= 2e-3 * u.abs().max(v.abs()).max(1e-2),
+                    "{what}: step {step} {k}: {u} vs {v}"
+                ),
+                _ => assert_eq!(x[&k], y[&k], "{what}: step {step} {k}"),
+            }
+        }
+    }
+    // The run is not trivially equal: it sampled, scored and updated.
+    let last = a.last().unwrap();
+    assert!(last["actor/grad_norm"].as_f64().unwrap() > 1e-3);
+    assert!(
+        a.iter()
+            .any(|m| m["critic/score/mean"].as_f64().unwrap() > 0.0)
+    );
+    assert!(last["response_length/mean"].as_f64().unwrap() > 0.0);
 }
