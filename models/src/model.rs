@@ -108,6 +108,25 @@ impl<B: Backend> Model<B> {
         Ok(Self::build(&config, &mut src))
     }
 
+    /// The model with every float weight cast to `precision`, parameter ids kept. Under
+    /// autodiff the casts are recorded, so the gradient of a loss computed with the cast model
+    /// reaches this model's own weights in their dtype: the f32 master weights of mixed-precision
+    /// training (`GradientsParams::from_grads` on the uncast model).
+    pub fn cast(self, precision: Precision) -> Self {
+        use burn::module::{ModuleMapper, Param};
+        struct Cast(burn::tensor::DType);
+        impl<B: Backend> ModuleMapper<B> for Cast {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D>>,
+            ) -> Param<Tensor<B, D>> {
+                let dtype = self.0;
+                param.map(|t| if t.dtype() == dtype { t } else { t.cast(dtype) })
+            }
+        }
+        self.map(&mut Cast(precision.dtype()))
+    }
+
     /// Writes the model as a Hugging Face directory: `config.json` and F32 safetensors (sharded
     /// with an index when larger than `max_shard_bytes`), loadable by [`Model::load`] and by
     /// transformers.

@@ -33,6 +33,7 @@ use flowrl_engine::{
     ValidateCtx,
 };
 use flowrl_models::Model;
+use flowrl_models::weights::Precision;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
@@ -50,17 +51,34 @@ pub struct UpdateCounters {
 
 /// The mutable part of a model resource, on backend `B`.
 pub struct ModelState<B: FlowBackend> {
+    /// The weights in f32 (the master weights under mixed precision), or in `precision` for a
+    /// frozen copy (it is never updated).
     pub model: Model<B>,
-    /// Created by the first update node that trains this model.
+    /// Created by the first update node that trains this model; its moments are f32.
     pub optimizer: Option<AdamW<B>>,
     pub counters: UpdateCounters,
     pub device: B::Device,
+    /// The precision of the forward passes' weights and activations.
+    pub precision: Precision,
 }
 
 impl<B: FlowBackend> ModelState<B> {
-    /// The model without autodiff (for generation and log-probs without gradients).
+    /// The model without autodiff in the compute precision (generation, log-probs without
+    /// gradients).
     pub fn inference_model(&self) -> Model<B::InnerBackend> {
-        self.model.valid()
+        compute_view(&self.model.valid(), self.precision)
+    }
+}
+
+/// The weights a forward pass computes with: `model` itself in f32, else a cast of it (under
+/// autodiff a recorded cast, whose gradients reach `model`'s f32 weights). Mixed precision as in
+/// verl's FSDP actor: parameters, activations and matmuls in bf16; norms, softmax and logits in
+/// f32 (the models compute those in f32 whatever the weights' dtype); master weights, gradients
+/// and AdamW moments in f32.
+pub fn compute_view<B: burn::prelude::Backend>(model: &Model<B>, precision: Precision) -> Model<B> {
+    match precision {
+        Precision::F32 => model.clone(),
+        other => model.clone().cast(other),
     }
 }
 
@@ -82,15 +100,17 @@ pub struct ModelResource {
 }
 
 impl ModelResource {
-    /// Loads a Hugging Face directory onto `device` (see the module doc for the checks). With
-    /// `random_seed`, the weights are not read: they are drawn from the directory's config.json
-    /// (`Model::random`), which is how the tiny default model starts its SFT warm start.
+    /// Loads a Hugging Face directory onto `device` (see the module doc for the checks), to
+    /// compute in `precision` (`None`: the backend's default). With `random_seed`, the weights
+    /// are not read: they are drawn from the directory's config.json (`Model::random`), which is
+    /// how the tiny default model starts its SFT warm start.
     pub fn load(
         name: &str,
         dir: &Path,
         trainable: bool,
         random_seed: Option<u64>,
         device: DeviceSpec,
+        precision: Option<Precision>,
     ) -> Result<Self> {
         ensure!(
             dir.is_dir(),
@@ -131,6 +151,14 @@ impl ModelResource {
         };
         on_backend!(BackendKind::of(device)?, B => {
             let burn_device = B::device(device).with_context(|| format!("model `{name}`"))?;
+            let precision = precision.unwrap_or_else(B::default_precision);
+            let dtype = precision.dtype();
+            ensure!(
+                <B as burn::prelude::Backend>::supports_dtype(&burn_device, dtype),
+                "model `{name}`: {device} does not compute in {dtype:?} (precision = \"{}\"); \
+                 use precision = \"f32\"",
+                precision_name(precision)
+            );
             let model = match random_seed {
                 None => Model::<B>::load(dir, &burn_device)
                     .with_context(|| format!("model `{name}`: loading {}", dir.display()))?,
@@ -141,7 +169,10 @@ impl ModelResource {
                     })?
                 }
             };
-            Ok(Self::from_model(name, dir, trainable, tokenizer, model, device, burn_device))
+            let resource =
+                Self::from_model(name, dir, trainable, tokenizer, model, device, burn_device);
+            resource.lock::<B>()?.precision = precision;
+            Ok(resource)
         })
     }
 
@@ -167,6 +198,7 @@ impl ModelResource {
                 optimizer: None,
                 counters: UpdateCounters::default(),
                 device: burn_device,
+                precision: Precision::F32,
             })),
         }
     }
@@ -176,14 +208,16 @@ impl ModelResource {
         self.backend
     }
 
-    /// A frozen copy of this resource's current weights.
+    /// A frozen copy of this resource's current weights, held in its compute precision (a
+    /// frozen model needs no f32 masters).
     pub fn frozen_copy(&self, name: &str) -> Result<Self> {
         on_backend!(self.backend, B => {
             let s = self.lock::<B>()?;
-            let model = s.model.clone().no_grad();
+            let precision = s.precision;
+            let model = compute_view(&s.model, precision).no_grad();
             let burn_device = s.device.clone();
             drop(s);
-            Ok(Self::from_model(
+            let copy = Self::from_model(
                 name,
                 &self.dir,
                 false,
@@ -191,8 +225,15 @@ impl ModelResource {
                 model,
                 self.device,
                 burn_device,
-            ))
+            );
+            copy.lock::<B>()?.precision = precision;
+            Ok(copy)
         })
+    }
+
+    /// The precision forward passes compute in.
+    pub fn precision(&self) -> Result<Precision> {
+        on_backend!(self.backend, B => Ok(self.lock::<B>()?.precision))
     }
 
     /// Exclusive access to the model and its optimizer on backend `B` (an error when the model
@@ -293,8 +334,17 @@ struct ModelParams {
     path: Option<PathBuf>,
     from: Option<String>,
     trainable: Option<bool>,
-    dtype: String,
+    precision: Option<String>,
     init: String,
+}
+
+/// The name a graph gives `precision`.
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::F32 => "f32",
+        Precision::BF16 => "bf16",
+        Precision::F16 => "f16",
+    }
 }
 
 impl ResourceKind for ModelKind {
@@ -320,9 +370,8 @@ impl ResourceKind for ModelKind {
             ParamSpec::one_of("init", &["pretrained", "random"])
                 .default("pretrained")
                 .doc("`random`: ignore the weight files and draw weights from config.json (seeded by the run seed)"),
-            ParamSpec::one_of("dtype", &["f32", "bf16", "f16"])
-                .default("f32")
-                .doc("weight precision (f32 on CPU)"),
+            ParamSpec::one_of("precision", &["f32", "bf16"])
+                .doc("precision of the forward passes: bf16 = mixed precision (bf16 weights, activations and matmuls; f32 norms, softmax, log-probs, losses, master weights and AdamW moments); default f32 on CPU and Vulkan, bf16 on CUDA"),
         ]
     }
 
@@ -355,30 +404,17 @@ impl ResourceKind for ModelKind {
                 }
             }
         }
-        if let Some(dtype) = p.get_str("dtype")
-            && dtype != "f32"
-        {
-            out.push(ctx.error(
-                "dtype",
-                format!("dtype `{dtype}` needs a CUDA device; this build trains in f32"),
-            ));
-        }
         out
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<ResourceValue> {
         let p: ModelParams = params.parse()?;
-        ensure!(
-            p.dtype == "f32",
-            "model `{}`: dtype `{}` is not supported on this build",
-            ctx.node,
-            p.dtype
-        );
         let resource = match (p.path, p.from) {
             (Some(path), None) => {
                 let seed = (p.init == "random").then(|| ctx.init_seed());
                 let trainable = p.trainable.unwrap_or(true);
-                ModelResource::load(&ctx.node, &path, trainable, seed, ctx.device)?
+                let precision = p.precision.as_deref().map(Precision::parse).transpose()?;
+                ModelResource::load(&ctx.node, &path, trainable, seed, ctx.device, precision)?
             }
             (None, Some(from)) => {
                 let source = ctx.resource::<ModelResource>(&from)?;

@@ -43,7 +43,8 @@ use serde::Deserialize;
 
 use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
-use crate::model_resource::ModelResource;
+use crate::model_resource::{ModelResource, compute_view};
+use flowrl_models::weights::Precision;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{
@@ -382,6 +383,7 @@ impl PpoUpdateNode {
         let adamw = self.p.optim.adamw()?;
         let mut sums = Sums::default();
         let mut state = self.model.lock::<B>()?;
+        let precision = state.precision;
         let rows: Vec<usize> = (0..b).collect();
         let world = self.replicas.world();
         for _epoch in 0..self.p.ppo_epochs {
@@ -389,7 +391,7 @@ impl PpoUpdateNode {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
                 let step = replicated_grads(&self.replicas, &state.model, mini, |model, mine| {
                     self.mini_batch_grads(
-                        model, rollouts, adv, old, reference, &info, mine, micro_rows,
+                        model, precision, rollouts, adv, old, reference, &info, mine, micro_rows,
                     )
                 })
                 .with_context(|| format!("update `{}`", ctx.node_name()))?;
@@ -465,6 +467,7 @@ impl PpoUpdateNode {
     fn mini_batch_grads<B: FlowBackend>(
         &self,
         model: &flowrl_models::Model<B>,
+        precision: Precision,
         rollouts: &RolloutBatch,
         adv: &AdvantageBatch,
         old: Option<&TokenLogProbs>,
@@ -479,7 +482,10 @@ impl PpoUpdateNode {
         let mut finite = true;
         for micro in mine.chunks(micro_rows) {
             let seq = SequenceBatch::new(rollouts, micro)?;
-            let out = seq.log_probs(model, self.p.temperature, self.p.chunk, &device)?;
+            // The weights in `precision`, cast anew for each backward pass (a backward consumes
+            // the graph of the casts); gradients land on `model`'s weights.
+            let view = compute_view(model, precision);
+            let out = seq.log_probs(&view, self.p.temperature, self.p.chunk, &device)?;
             let mask = seq.mask_tensor::<B>(&device);
             let advantages = rows_tensor::<B>(&adv.advantages, micro, &device);
             let old_lp = match old {

@@ -28,7 +28,7 @@ use serde::Deserialize;
 
 use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
-use crate::model_resource::ModelResource;
+use crate::model_resource::{ModelResource, compute_view};
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{
@@ -186,13 +186,17 @@ impl SftNode {
         let mut state = self.model.lock::<B>()?;
         let rows: Vec<usize> = (0..b).collect();
         let info = global_batch_info(batch, &rows, &self.replicas);
+        let precision = state.precision;
         let step = replicated_grads(&self.replicas, &state.model, &rows, |model, mine| {
             let device = device_of(model);
             let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
             let mut total = 0.0;
             for chunk in mine.chunks(micro) {
                 let seq = SequenceBatch::new(batch, chunk)?;
-                let out = seq.log_probs(model, 1.0, self.p.chunk, &device)?;
+                // The weights in `precision`, cast anew for each backward pass (a backward
+                // consumes the graph of the casts); gradients land on `model`'s weights.
+                let view = compute_view(model, precision);
+                let out = seq.log_probs(&view, 1.0, self.p.chunk, &device)?;
                 let loss = agg_loss(
                     out.log_probs.neg(),
                     seq.mask_tensor::<B>(&device),

@@ -391,6 +391,7 @@ fn missing_model_directory_and_vocabulary_mismatch_are_clear_errors() {
         true,
         None,
         DeviceSpec::Cpu(0),
+        None,
     )
     .err()
     .unwrap()
@@ -415,7 +416,7 @@ fn missing_model_directory_and_vocabulary_mismatch_are_clear_errors() {
         config.replace("\"vocab_size\": 424", "\"vocab_size\": 300"),
     )
     .unwrap();
-    let err = ModelResource::load("policy", dir.path(), true, None, DeviceSpec::Cpu(0))
+    let err = ModelResource::load("policy", dir.path(), true, None, DeviceSpec::Cpu(0), None)
         .err()
         .unwrap()
         .to_string();
