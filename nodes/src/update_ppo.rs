@@ -44,7 +44,6 @@ use serde::Deserialize;
 use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
 use crate::model_resource::{ModelResource, compute_view};
-use flowrl_models::weights::Precision;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{
@@ -53,6 +52,7 @@ use crate::train::{
 };
 use crate::validate::{upstream_batch_size, upstream_rollout_n};
 use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
+use flowrl_models::weights::Precision;
 
 /// The `update.ppo` kind.
 pub struct PpoUpdateKind;
