@@ -81,10 +81,10 @@ impl Replicas {
         })
     }
 
-    /// One replica, no collective (tests, single-device runs).
-    pub fn single() -> Self {
+    /// One replica on `device`, no collective (nodes that run once, tests).
+    pub fn single(device: DeviceSpec) -> Self {
         Replicas {
-            placement: Placement::single(DeviceSpec::Cpu(0)),
+            placement: Placement::single(device),
             node: String::new(),
         }
     }
@@ -573,8 +573,8 @@ mod tests {
     fn replicas_know_their_devices() {
         let devices = replicas_devices(&placement(3));
         assert_eq!(devices, (0..3).map(DeviceSpec::Cpu).collect::<Vec<_>>());
-        let one = Replicas::single().run(|r| Ok(r.device)).unwrap();
-        assert_eq!(one, vec![DeviceSpec::Cpu(0)]);
+        let one = Replicas::single(DeviceSpec::Cpu(1)).run(|r| Ok(r.device)).unwrap();
+        assert_eq!(one, vec![DeviceSpec::Cpu(1)]);
     }
 
     fn replicas_devices(p: &Placement) -> Vec<DeviceSpec> {

@@ -144,7 +144,8 @@ impl Node for EvalNode {
                 &Arc::new(chunk),
                 &params,
                 &self.stop_ids,
-                &Replicas::single(),
+                // Generation runs where the model lives.
+                &Replicas::single(self.model.device),
                 ctx,
             )?;
             for r in 0..rollouts.len() {
