@@ -47,3 +47,26 @@ fn vulkan_run_of_the_default_graph_matches_the_cpu() {
     assert_eq!(by_device[0].len(), 3);
     assert_same_metrics(&by_device[0], &by_device[1], "vulkan vs cpu");
 }
+
+#[test]
+fn a_missing_vulkan_driver_is_an_error_that_names_the_package() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // The Vulkan loader reads its drivers from these lists: point them at nothing.
+    let o = Command::new(BIN)
+        .current_dir(root())
+        .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+        .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+        .args(["run", GRAPH, "--steps", "1", "--device", "vulkan"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no Vulkan adapter could be opened for vulkan:0")
+            && stderr.contains("apt-get install mesa-vulkan-drivers"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

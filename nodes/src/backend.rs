@@ -173,17 +173,35 @@ fn probe<B: Backend>(device: &B::Device, spec: DeviceSpec) -> Result<()> {
         return Ok(());
     }
     let device = device.clone();
+    // The device is created on cubecl's own thread, whose panic (the cause: "No possible
+    // adapter available ...") reaches this thread as a second one; the default hook would print
+    // both with backtraces. Record the messages instead, and report the first.
+    let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let previous = std::panic::take_hook();
+    let record = messages.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = panic_message(info.payload());
+        record.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+    }));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
         let t = Tensor::<B, 1>::from_floats([1.0, 2.0], &device).sum();
         t.into_scalar().elem::<f32>()
     }));
+    std::panic::set_hook(previous);
     match result {
         Ok(v) if v == 3.0 => {
             working.push(spec);
             Ok(())
         }
         Ok(v) => bail!("a test sum on {spec} gave {v} instead of 3"),
-        Err(payload) => Err(anyhow::anyhow!("{}", panic_message(payload.as_ref()))),
+        Err(payload) => {
+            let messages = messages.lock().unwrap_or_else(|e| e.into_inner());
+            let first = messages
+                .first()
+                .cloned()
+                .unwrap_or_else(|| panic_message(payload.as_ref()));
+            Err(anyhow::anyhow!("{first}"))
+        }
     }
 }
 
