@@ -1,12 +1,12 @@
 """Shared pieces of the Python reference side: the prompts (read from the same parquet file as
 flowrl, verl schema) and the model/processor (the same Hugging Face directory flowrl loads)."""
 
+import base64
 import io
 import json
 import os
 import time
 
-import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
@@ -37,8 +37,19 @@ def verl_messages_to_hf(messages):
 
 
 def load_prompts(path, count):
-    """The first `count` rows: (hf_messages, [PIL images], ground_truth)."""
-    rows = pq.read_table(path).slice(0, count).to_pylist()
+    """The first `count` rows: (hf_messages, [PIL images], ground_truth). `path` is a parquet
+    file, or the JSON copy `make_prompts.py --json` writes (image bytes in base64; for machines
+    without pyarrow)."""
+    if path.endswith(".json"):
+        with open(path) as f:
+            rows = json.load(f)[:count]
+        for r in rows:
+            for i in r["images"]:
+                i["bytes"] = base64.b64decode(i["bytes"])
+    else:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).slice(0, count).to_pylist()
     out = []
     for r in rows:
         images = [Image.open(io.BytesIO(i["bytes"])).convert("RGB") for i in r["images"]]
@@ -53,11 +64,21 @@ def median(xs):
 
 
 class Timer:
+    """Wall seconds of a `with` block (`.s`). `sync` (e.g. `torch.cuda.synchronize`) is called
+    at both ends, so that work queued on an asynchronous device is inside the measurement."""
+
+    def __init__(self, sync=None):
+        self.sync = sync
+
     def __enter__(self):
+        if self.sync is not None:
+            self.sync()
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
+        if self.sync is not None:
+            self.sync()
         self.s = time.perf_counter() - self.t0
 
 

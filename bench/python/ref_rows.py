@@ -10,7 +10,11 @@
     (flowrl's `update.ppo` with one mini-batch).
 
 usage: ref_rows.py MODEL_DIR PROMPTS.parquet OUT.json --prompts 8 --n 8 --new 128 --micro 32
-       --reps 3 --threads 2
+       --reps 3 --threads 2 [--device cpu|cuda[:N]] [--dtype float32|bfloat16|float16]
+
+`--device cuda` runs the same three phases on a GPU (timers synchronise the device; OUT.json then
+also holds `device`, `dtype` and `peak_cuda_mib`, torch's peak allocated memory); the defaults
+(cpu, float32) are the CPU comparison of bench/run.sh, unchanged.
 """
 
 import argparse
@@ -38,11 +42,20 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda[:N]")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
     set_threads(args.threads)
     torch.manual_seed(7)
+    device = torch.device(args.device)
+    on_cpu = device.type == "cpu"
+    # GPU kernels run asynchronously: every timed block waits for them at both ends.
+    sync = None if on_cpu else (lambda: torch.cuda.synchronize(device))
 
-    model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
+    if not on_cpu:
+        model.to(device)
+        torch.cuda.reset_peak_memory_stats(device)
     processor = AutoProcessor.from_pretrained(args.model)
     processor.tokenizer.padding_side = "left"
     prompts = load_prompts(args.prompts, args.num_prompts)
@@ -53,6 +66,8 @@ def main():
             texts.append(text)
             images.append(imgs)
     batch = processor(text=texts, images=images, padding=True, return_tensors="pt")
+    if not on_cpu:
+        batch = batch.to(device)
     rows, plen = batch["input_ids"].shape
     eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else eos
@@ -62,11 +77,11 @@ def main():
     gen_times, prefill_times = [], []
     seqs = None
     for _ in range(args.reps):
-        with torch.no_grad(), Timer() as t:
+        with torch.no_grad(), Timer(sync) as t:
             # Prefill alone (vision tower + prompt), for the per-phase profile.
             model(**batch, use_cache=True)
         prefill_times.append(t.s)
-        with torch.no_grad(), Timer() as t:
+        with torch.no_grad(), Timer(sync) as t:
             seqs = model.generate(
                 **batch,
                 do_sample=True,
@@ -118,7 +133,7 @@ def main():
     lp_times = []
     old = None
     for _ in range(args.reps):
-        with torch.no_grad(), Timer() as t:
+        with torch.no_grad(), Timer(sync) as t:
             old = torch.cat(
                 [
                     response_logprobs(micro_inputs(lo, min(lo + args.micro, rows)))
@@ -133,10 +148,12 @@ def main():
     scores = torch.rand(args.num_prompts, args.n)
     adv_rows = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).reshape(-1)
     adv = adv_rows[:, None].expand(rows, resp_len)
+    if not on_cpu:
+        adv = adv.to(device)
     tokens = resp_mask.sum()
     upd_times = []
     for _ in range(args.reps):
-        with Timer() as t:
+        with Timer(sync) as t:
             for lo in range(0, rows, args.micro):
                 hi = min(lo + args.micro, rows)
                 lp = response_logprobs(micro_inputs(lo, hi))
@@ -167,6 +184,11 @@ def main():
         },
         "note": "medians over the repetitions after the first (warm-up) when there are several",
     }
+    if not on_cpu or args.dtype != "float32":
+        out["device"] = str(device)
+        out["dtype"] = args.dtype
+    if not on_cpu:
+        out["peak_cuda_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     write_json(args.out, out)
     print(out["median"], "rows", rows, "prompt", plen, "response", resp_len)
 

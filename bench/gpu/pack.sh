@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Packs the three binaries bench/gpu/check.sh runs into bench/gpu/bin.tar.gz (stripped, gzip), the
+# one file to carry to the GPU machine; check.sh unpacks it into bench/gpu/bin/. Also writes
+# bench/gpu/bin/BUILD_INFO (commit, uncommitted files, date, rustc, CUDARC_CUDA_VERSION), which
+# check.sh copies into its table.
+#
+#   bash bench/gpu/pack.sh            pack what target/release holds
+#   bash bench/gpu/pack.sh --build    build first (CUDARC_CUDA_VERSION=13000 unless set):
+#       cargo build --release --features cuda --bin flowrl
+#       cargo build --release -p flowrl-bench --bin bench-make-model
+#       cargo test --release -p flowrl-models --features cuda --test cuda --no-run
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
+
+if [ "${1:-}" = --build ]; then
+  cargo build --release --features cuda --bin flowrl
+  cargo build --release -p flowrl-bench --bin bench-make-model
+  cargo test --release -p flowrl-models --features cuda --test cuda --no-run
+fi
+
+test_bin=$(ls -t target/release/deps/cuda-* 2> /dev/null | while read -r f; do
+  case "$f" in *.d|*.rlib|*.rmeta|*.o) continue ;; esac
+  [ -f "$f" ] && [ -x "$f" ] && { echo "$f"; break; }
+done || true)
+missing=0
+for f in target/release/flowrl target/release/bench-make-model "$test_bin"; do
+  if [ -z "$f" ] || [ ! -x "$f" ]; then
+    echo "missing: ${f:-target/release/deps/cuda-<hash> (the test executable of models/tests/cuda.rs)}" >&2
+    missing=1
+  fi
+done
+[ "$missing" = 0 ] || { echo "build them first: bash bench/gpu/pack.sh --build" >&2; exit 1; }
+
+if target/release/flowrl validate graphs/grpo_vlm.toml --device cuda 2>&1 | grep -q "built without CUDA"; then
+  echo "warning: target/release/flowrl is built without CUDA (cargo build --release --features cuda --bin flowrl)" >&2
+fi
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir "$stage/bin"
+copy() { # SRC NAME: stripped when strip exists
+  if ! command -v strip > /dev/null 2>&1 || ! strip -o "$stage/bin/$2" "$1" 2> /dev/null; then
+    cp "$1" "$stage/bin/$2"
+  fi
+}
+copy target/release/flowrl flowrl
+copy target/release/bench-make-model bench-make-model
+copy "$test_bin" cuda-test
+{
+  echo "commit $(git rev-parse --short HEAD 2> /dev/null || echo '?') with $(git status --short 2> /dev/null | wc -l) uncommitted files"
+  echo "packed $(date -u '+%Y-%m-%d %H:%M UTC'); $(rustc --version 2> /dev/null || echo 'rustc ?'); CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION"
+  echo "test executable: $test_bin ($("$test_bin" --list 2> /dev/null | grep -c ': test$' || true) tests)"
+} > "$stage/bin/BUILD_INFO"
+tar czf bench/gpu/bin.tar.gz -C "$stage" bin
+cat "$stage/bin/BUILD_INFO"
+ls -l "$stage/bin"
+size=$(stat -c %s bench/gpu/bin.tar.gz)
+echo "wrote bench/gpu/bin.tar.gz: $((size / 1048576)) MiB (carry it: the carried paths may hold 64 MiB in all)"
+[ "$size" -le $((60 * 1048576)) ] || echo "warning: over 60 MiB" >&2
