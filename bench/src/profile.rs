@@ -21,7 +21,10 @@
 //! * `update`: one micro-batch of `update.ppo` on the nodes' `TrainBackend`: forward, response
 //!   log-probs and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`,
 //!   chunk 16), the PPO-clip token-mean loss against detached log-probs (on-policy), backward,
-//!   and one AdamW step (global-norm clipping is left to the node; AdamW is what it calls);
+//!   and one AdamW step (global-norm clipping is left to the node; AdamW is what it calls). The
+//!   backward is the nodes' two-stage one (`sequences::chunked_loss_backward`: one chunk of
+//!   logits alive at a time); `BENCH_UPDATE=single` runs the single graph the nodes used before
+//!   (every chunk's logits kept for the backward), for comparison;
 //! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;
 //! * `head`: only the LM head + log-softmax/entropy over the response positions, forward and
 //!   backward, from random hidden states (isolates the 32k-vocabulary part of `update`);
@@ -46,7 +49,7 @@ use flowrl_algorithms::{
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
-use flowrl_nodes::sequences::input_embeddings_shared;
+use flowrl_nodes::sequences::{chunked_loss_backward, input_embeddings_shared};
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
 type Ad = flowrl_nodes::backend::TrainBackend;
@@ -198,13 +201,13 @@ impl Batch {
     }
 }
 
-/// Response log-probs and entropies `[b, T]` (what `nodes::sequences::SequenceBatch::log_probs`
-/// computes).
-fn log_probs<B: Backend>(
+/// The trunk forward: the final hidden states `[b, T, H]` that predict the response tokens and
+/// the labels `[b, T]` (what `nodes::sequences::SequenceBatch::response_hidden` computes).
+fn trunk<B: Backend>(
     model: &Model<B>,
     x: &Batch,
     device: &B::Device,
-) -> Result<(Tensor<B, 2>, Tensor<B, 2>)> {
+) -> Result<(Tensor<B, 3>, Tensor<B, 2, Int>)> {
     let lm = model.causal_lm();
     let embeds = input_embeddings_shared(model, &x.tokens, &x.images, &x.image_first, device)?;
     mem("  input embeddings (vision tower)");
@@ -217,23 +220,37 @@ fn log_probs<B: Backend>(
         None,
     );
     mem("  decoder layers");
-    let response = hidden.narrow(1, PROMPT - 1, x.new);
-    let (entropy, lp) = entropy_and_logprobs_from_hidden(
-        response,
-        x.labels(device),
-        |h| lm.lm_head(h),
-        1.0,
-        chunk(),
-    )?;
+    Ok((hidden.narrow(1, PROMPT - 1, x.new), x.labels(device)))
+}
+
+/// Response log-probs and entropies `[b, T]` (what `nodes::sequences::SequenceBatch::log_probs`
+/// computes).
+fn log_probs<B: Backend>(
+    model: &Model<B>,
+    x: &Batch,
+    device: &B::Device,
+) -> Result<(Tensor<B, 2>, Tensor<B, 2>)> {
+    let (response, labels) = trunk(model, x, device)?;
+    let lm = model.causal_lm();
+    let (entropy, lp) =
+        entropy_and_logprobs_from_hidden(response, labels, |h| lm.lm_head(h), 1.0, chunk())?;
     Ok((lp, entropy))
 }
 
-/// Wall seconds of (forward, backward, optimizer step).
-#[inline(never)]
-fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Result<[f64; 3]> {
-    mem("update start");
-    let t0 = Instant::now();
-    let (lp, entropy) = log_probs(model, x, device)?;
+/// `BENCH_UPDATE=single`: the update's backward through one graph (every LM-head chunk's logits
+/// kept for it: what the update nodes did before the two-stage backward); otherwise (default,
+/// `two-stage`) the nodes' `chunked_loss_backward`.
+fn single_graph_update() -> bool {
+    std::env::var("BENCH_UPDATE").is_ok_and(|v| v == "single")
+}
+
+/// The PPO-clip token-mean loss against `old` (on-policy: the log-probs as a constant).
+fn ppo_loss(
+    old: Tensor<Ad, 2>,
+    lp: Tensor<Ad, 2>,
+    x: &Batch,
+    device: &FlexDevice,
+) -> Result<Tensor<Ad, 1>> {
     let mask = Tensor::<Ad, 2>::ones([x.batch, x.new], device);
     let adv = Tensor::<Ad, 1>::from_data(
         TensorData::new(
@@ -257,7 +274,7 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
         ..GlobalBatchInfo::default()
     };
     let pl = policy_loss_vanilla(
-        lp.clone().detach(),
+        old,
         lp,
         adv,
         mask,
@@ -266,12 +283,35 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
         LossAggMode::TokenMean,
         &info,
     )?;
-    let loss = pl.pg_loss;
-    let _ = entropy.detach().mean().into_scalar();
-    let _ = loss.clone().detach().into_scalar();
-    mem("forward (live: kept for the backward)");
-    let t1 = Instant::now();
-    let grads = GradientsParams::from_grads::<Ad, _>(loss.backward(), model);
+    Ok(pl.pg_loss)
+}
+
+/// Wall seconds of (forward, backward, optimizer step). Single graph: forward = trunk, LM head
+/// and loss, backward = one backward. Two-stage: forward = the trunk, backward = the rest
+/// (`chunked_loss_backward`: value pass, loss, per-chunk LM-head backwards, trunk backward).
+#[inline(never)]
+fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Result<[f64; 3]> {
+    mem("update start");
+    let t0 = Instant::now();
+    let (t1, grads) = if single_graph_update() {
+        let (lp, entropy) = log_probs(model, x, device)?;
+        let loss = ppo_loss(lp.clone().detach(), lp, x, device)?;
+        let _ = entropy.detach().mean().into_scalar();
+        let _ = loss.clone().detach().into_scalar();
+        mem("forward (live: kept for the backward)");
+        let t1 = Instant::now();
+        let grads = GradientsParams::from_grads::<Ad, _>(loss.backward(), model);
+        (t1, grads)
+    } else {
+        let (response, labels) = trunk(model, x, device)?;
+        mem("trunk forward (live: kept for the backward)");
+        let t1 = Instant::now();
+        let out = chunked_loss_backward(model, model, response, labels, 1.0, chunk(), |lp, _| {
+            ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, x, device)
+        })?;
+        let _ = out.values.entropy.mean().into_scalar();
+        (t1, out.grads.context("non-finite loss")?)
+    };
     let t2 = Instant::now();
     mem("backward (live: gradients)");
     let mut opt = AdamWConfig::new()
@@ -494,13 +534,18 @@ fn main() -> Result<()> {
             }
         }
         _ => bail!(
-            "usage: bench-profile update|logprob|head|adamw|rollout (env BENCH_BATCH, BENCH_NEW, BENCH_REPS)"
+            "usage: bench-profile update|logprob|head|adamw|rollout (env BENCH_BATCH, BENCH_NEW, BENCH_REPS, BENCH_UPDATE)"
         ),
     }
     let measured = &times[times.len() - reps.max(1)..];
     let col = |i: usize| median(measured.iter().map(|(t, _)| t[i]).collect());
+    let variant = match (mode.as_str(), single_graph_update()) {
+        ("update", true) => " (single-graph backward)",
+        ("update", false) => " (two-stage backward)",
+        _ => "",
+    };
     println!(
-        "mode {mode}: batch {b} x ({PROMPT} prompt + {new} response) tokens, n = {n} rows per prompt, {reps} reps after a warm-up; \
+        "mode {mode}{variant}: batch {b} x ({PROMPT} prompt + {new} response) tokens, n = {n} rows per prompt, {reps} reps after a warm-up; \
          median seconds: forward {:.3}, backward {:.3}, optimizer {:.3}, total {:.3}; \
          median CPU seconds (all threads) {:.2}",
         col(0),

@@ -1,5 +1,5 @@
 //! Response-token log-probs and entropies of rollouts under a model, shared by the `logprob`,
-//! `update.ppo` and `update.sft` nodes.
+//! `update.ppo` and `update.sft` nodes, and the gradients of the update nodes' losses of them.
 //!
 //! A set of rollout rows becomes one forward batch laid out as
 //! `[left padding | prompt (P) | response (T) | right padding]`: prompts left-padded to the
@@ -9,24 +9,36 @@
 //! sequence position `P − 1 + t`; only those `T` hidden states go through the LM head, in chunks
 //! of `chunk` positions (`flowrl_algorithms::entropy_and_logprobs_from_hidden`), divided by the
 //! sampling temperature as verl's actor does. So the `[B, P + T, V]` logits never exist; one
-//! `[B, chunk, V]` block does at a time (under autodiff, each block's logits are kept for the
-//! backward: `[B, T, V]` in all, but none of the block's other vocabulary-sized temporaries).
+//! `[B, chunk, V]` block does at a time.
+//!
+//! Under autodiff, one graph through every block ([`SequenceBatch::log_probs`]) would keep each
+//! block's logits for the backward: `[B, T, V]` floats in all (f32: the models cast logits to
+//! f32), 12 GB for a 152k vocabulary and 20k response tokens. The update nodes therefore use
+//! [`SequenceBatch::loss_gradients`] ([`chunked_loss_backward`]): a two-stage backward (trunk
+//! once with its graph; log-probs and entropies as values; the loss's gradient with respect to
+//! them; per chunk, the logits again and that chunk's backward; then the trunk's backward from
+//! the collected hidden-state gradients), exact by the chain rule, with one chunk of logits (and
+//! its log-softmax intermediates) alive at a time, forward or backward. The `logprob` node runs
+//! [`SequenceBatch::log_probs`] on the non-autodiff model.
+//!
 //! The nodes' default `chunk` is 16: on the benchmark's update micro-batch (32 rows × 128
-//! response tokens, vocabulary 32000) peak RSS 5.65 → 5.0–5.4 GB against 64, and the log-prob
-//! pass 1.11 → 0.69 GB, at the same CPU time within noise.
+//! response tokens, vocabulary 32000) the single-graph update peaked at 5.65 → 5.0–5.4 GB RSS
+//! against 64, and the log-prob pass 1.11 → 0.69 GB, at the same CPU time within noise.
 //!
 //! The `n` responses of one prompt share its images: the vision tower runs once per distinct
 //! image of the batch and its embeddings are gathered per row ([`input_embeddings_shared`]).
-//!
-//! Differentiable when the model's backend is (update nodes); the `logprob` node passes the
-//! non-autodiff model.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::{Result, ensure};
+use burn::module::{AutodiffModule, Module};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use flowrl_models::weights::Precision;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage, scatter_image_embeddings};
 
+use crate::model_resource::compute_view;
 use crate::values::RolloutBatch;
 
 /// Rows of a rollout batch laid out for one forward pass (see the module doc).
@@ -119,14 +131,13 @@ impl SequenceBatch {
         .reshape([self.tokens.batch, self.response_len])
     }
 
-    /// Log-probs and entropies `[b, T]` of the response tokens (see the module doc).
-    pub fn log_probs<B: Backend>(
+    /// The final hidden states `[b, T, H]` that predict the response tokens (sequence positions
+    /// `P − 1 .. P − 1 + T`) and the labels `[b, T]` (see the module doc).
+    pub fn response_hidden<B: Backend>(
         &self,
         model: &Model<B>,
-        temperature: f64,
-        chunk: usize,
         device: &B::Device,
-    ) -> Result<ResponseLogProbs<B>> {
+    ) -> Result<(Tensor<B, 3>, Tensor<B, 2, Int>)> {
         let lm = model.causal_lm();
         let embeds =
             input_embeddings_shared(model, &self.tokens, &self.images, &self.image_first, device)?;
@@ -144,6 +155,21 @@ impl SequenceBatch {
             device,
         )
         .reshape([self.tokens.batch, self.response_len]);
+        Ok((response_hidden, labels))
+    }
+
+    /// Log-probs and entropies `[b, T]` of the response tokens (see the module doc), through one
+    /// graph when `B` is an autodiff backend (the update nodes use [`Self::loss_gradients`]
+    /// instead, which never keeps more than one chunk of logits).
+    pub fn log_probs<B: Backend>(
+        &self,
+        model: &Model<B>,
+        temperature: f64,
+        chunk: usize,
+        device: &B::Device,
+    ) -> Result<ResponseLogProbs<B>> {
+        let (response_hidden, labels) = self.response_hidden(model, device)?;
+        let lm = model.causal_lm();
         let (entropy, log_probs) = flowrl_algorithms::entropy_and_logprobs_from_hidden(
             response_hidden,
             labels,
@@ -153,6 +179,253 @@ impl SequenceBatch {
         )?;
         Ok(ResponseLogProbs { log_probs, entropy })
     }
+
+    /// The gradients of `loss_of(log_probs, entropy)` over these rows with respect to `model`'s
+    /// parameters, computing in `precision`, by the two-stage backward of
+    /// [`chunked_loss_backward`]: one forward of the trunk on one [`compute_view`] of `model`,
+    /// whose graph both stages hang off (the LM-head stage through leaf copies of the view's
+    /// weights, the trunk stage through the view itself, so each recorded cast is consumed by
+    /// exactly one backward); the gradients land on `model`'s (f32) parameters.
+    pub fn loss_gradients<B, L>(
+        &self,
+        model: &Model<B>,
+        precision: Precision,
+        temperature: f64,
+        chunk: usize,
+        device: &B::Device,
+        loss_of: L,
+    ) -> Result<LossGradients<B>>
+    where
+        B: AutodiffBackend,
+        L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
+    {
+        let view = compute_view(model, precision);
+        let (response_hidden, labels) = self.response_hidden(&view, device)?;
+        chunked_loss_backward(
+            model,
+            &view,
+            response_hidden,
+            labels,
+            temperature,
+            chunk,
+            loss_of,
+        )
+    }
+}
+
+/// What [`chunked_loss_backward`] computed for one micro-batch.
+pub struct LossGradients<B: Backend> {
+    /// The loss value (from the pass-1 values).
+    pub loss: f64,
+    /// The loss's gradients on the model's parameters, accumulated over the LM-head chunks and
+    /// the trunk; `None` when the loss is not finite (then no backward ran).
+    pub grads: Option<GradientsParams>,
+    /// The pass-1 log-probs and entropies `[b, T]`, constants (no graph).
+    pub values: ResponseLogProbs<B>,
+}
+
+/// The gradients of a loss of the response log-probs and entropies with respect to `model`'s
+/// parameters, with at most one `[B, chunk, V]` block of logits alive at a time, forward or
+/// backward.
+///
+/// `response_hidden` `[B, T, H]` is the output of a trunk forward on `view` (the model itself,
+/// or a recorded cast of it: [`compute_view`]), with its graph; `labels` `[B, T]`; `loss_of`
+/// maps the log-probs and entropies `[B, T]` to the scalar loss. With x = (x_1, …, x_C) the
+/// per-chunk log-prob and entropy blocks (x_c = f(h_c, W) for the LM head weights W and the
+/// chunk's hidden states h_c = response_hidden[:, c]), the chain rule gives
+///
+/// ```text
+/// dL/dθ = Σ_c (∂L/∂x_c)(x) · ∂x_c/∂θ,        ∂L/∂x = g  (one [B, T] pair, from the values)
+/// ```
+///
+/// so the backward splits, exactly, into:
+///
+/// 1. **Pass 1, values only**: x chunk by chunk on the inner backend (no autodiff graph: no
+///    logits are kept).
+/// 2. **The loss**: `loss_of` on x as leaves, one backward through the (`[B, T]`-sized) loss
+///    graph: g = ∂L/∂x. A non-finite loss stops here (`grads: None`).
+/// 3. **Pass 2, per chunk**: the chunk's logits again from a leaf copy h_c of its hidden states
+///    through leaf copies of the view's weights, and one backward of Σ g_c ⊙ x_c, whose
+///    gradients are g_c·∂x_c/∂h_c (kept: `[B, len, H]`) and g_c·∂x_c/∂W (the LM head's, or the
+///    tied embedding's, weight gradients, added up in the master weights' dtype). Then the
+///    chunk's graph is gone.
+/// 4. **Trunk**: one backward of Σ response_hidden ⊙ G, G = the chunks' hidden-state gradients
+///    side by side (a constant): its gradient with respect to response_hidden is G, so this is
+///    the trunk's share of dL/dθ (a tied embedding adds it to its LM-head share).
+///
+/// Why it is exact: ∂L/∂x_c is evaluated once at the same values the single graph sees, and
+/// each block's contribution goes through the same operations as in the single graph (the same
+/// chunk boundaries, so the same `entropy_and_logprobs_from_hidden` blocks); only the order in
+/// which float gradients are summed differs (a tied embedding's two shares; the LM head's
+/// per-chunk weight gradients, which are summed in the master dtype: f32 where a bf16 graph
+/// summed them in bf16). Every metric of the caller is computed from the pass-1 values, which
+/// are those of the single graph's forward.
+///
+/// The view's recorded casts (mixed precision) reach the masters only through the trunk
+/// backward: a backward consumes the steps of the nodes it traverses, so pass 2 differentiates
+/// with respect to leaf copies of the view's weights (same parameter ids) and casts their
+/// gradients to the masters' dtype itself. Parameters of `model` that do not require gradients
+/// get none.
+pub fn chunked_loss_backward<B, L>(
+    model: &Model<B>,
+    view: &Model<B>,
+    response_hidden: Tensor<B, 3>,
+    labels: Tensor<B, 2, Int>,
+    temperature: f64,
+    chunk: usize,
+    loss_of: L,
+) -> Result<LossGradients<B>>
+where
+    B: AutodiffBackend,
+    L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
+{
+    ensure!(chunk > 0, "chunk size must be >= 1");
+    let [b, t, _] = response_hidden.dims();
+    ensure!(
+        labels.dims() == [b, t],
+        "labels {:?} do not match the hidden states {:?}",
+        labels.dims(),
+        response_hidden.dims()
+    );
+    // Pass 1: values only, on the inner backend.
+    let inner_view = view.valid();
+    let hidden = response_hidden.clone().inner();
+    let inner_labels = labels.clone().inner();
+    let (entropy, log_probs) = flowrl_algorithms::entropy_and_logprobs_from_hidden(
+        hidden.clone(),
+        inner_labels,
+        |h| inner_view.causal_lm().lm_head(h),
+        temperature,
+        chunk,
+    )?;
+    let values = ResponseLogProbs {
+        log_probs: Tensor::<B, 2>::from_inner(log_probs.clone()),
+        entropy: Tensor::<B, 2>::from_inner(entropy.clone()),
+    };
+
+    // The loss on the values as leaves: g = ∂L/∂x.
+    let lp_leaf = Tensor::<B, 2>::from_inner(log_probs).require_grad();
+    let ent_leaf = Tensor::<B, 2>::from_inner(entropy).require_grad();
+    let loss = loss_of(lp_leaf.clone(), ent_leaf.clone())?;
+    let value = loss.clone().detach().into_scalar().elem::<f64>();
+    if !value.is_finite() {
+        return Ok(LossGradients {
+            loss: value,
+            grads: None,
+            values,
+        });
+    }
+    let grads = loss.backward();
+    let g_lp = lp_leaf.grad(&grads);
+    let g_ent = ent_leaf.grad(&grads);
+    drop(grads);
+    if g_lp.is_none() && g_ent.is_none() {
+        // The loss does not depend on the log-probs or entropies: no gradient at all.
+        return Ok(LossGradients {
+            loss: value,
+            grads: Some(GradientsParams::new()),
+            values,
+        });
+    }
+
+    // Pass 2: per chunk, through leaf copies of the view's weights.
+    let head = leaf_copy(model, inner_view);
+    let mut acc = GradientsAccumulator::<Model<B>>::new();
+    let mut hidden_grads = Vec::with_capacity(t.div_ceil(chunk));
+    let mut start = 0;
+    while start < t {
+        let len = chunk.min(t - start);
+        let h = Tensor::<B, 3>::from_inner(hidden.clone().narrow(1, start, len)).require_grad();
+        let (ent, lp) = flowrl_algorithms::entropy_and_logprobs_from_hidden(
+            h.clone(),
+            labels.clone().narrow(1, start, len),
+            |x| head.causal_lm().lm_head(x),
+            temperature,
+            len,
+        )?;
+        let weighted = |x: Tensor<B, 2>, g: &Option<Tensor<B::InnerBackend, 2>>| {
+            g.as_ref()
+                .map(|g| (x * Tensor::<B, 2>::from_inner(g.clone().narrow(1, start, len))).sum())
+        };
+        let surrogate = match (weighted(lp, &g_lp), weighted(ent, &g_ent)) {
+            (Some(a), Some(e)) => a + e,
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => unreachable!("checked above"),
+        };
+        let grads = surrogate.backward();
+        let g_h = h
+            .grad(&grads)
+            .unwrap_or_else(|| h.clone().inner().zeros_like());
+        hidden_grads.push(g_h);
+        let head_grads = GradientsParams::from_grads::<B, _>(grads, &head);
+        acc.accumulate::<B>(model, in_dtypes_of(model, head_grads));
+        start += len;
+    }
+
+    // The trunk: Σ response_hidden ⊙ G has the gradient G with respect to response_hidden.
+    let g = Tensor::<B, 3>::from_inner(Tensor::cat(hidden_grads, 1));
+    let grads = (response_hidden * g).sum().backward();
+    acc.accumulate::<B>(model, GradientsParams::from_grads::<B, _>(grads, model));
+    Ok(LossGradients {
+        loss: value,
+        grads: Some(acc.grads()),
+        values,
+    })
+}
+
+/// `inner` (the inner model of a view of `model`) as an autodiff model of leaves with `model`'s
+/// parameter ids: the parameters that require gradients in `model` require them here too.
+fn leaf_copy<B: AutodiffBackend>(model: &Model<B>, inner: Model<B::InnerBackend>) -> Model<B> {
+    use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+    struct Trainable(HashSet<ParamId>);
+    impl<B: Backend> ModuleVisitor<B> for Trainable {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if param.val().is_require_grad() {
+                self.0.insert(param.id);
+            }
+        }
+    }
+    struct RequireGrad(HashSet<ParamId>);
+    impl<B: Backend> ModuleMapper<B> for RequireGrad {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            if self.0.contains(&param.id) {
+                param.map(|t| t.require_grad())
+            } else {
+                param.map(|t| t.set_require_grad(false))
+            }
+        }
+    }
+    let mut trainable = Trainable(HashSet::new());
+    model.visit(&mut trainable);
+    Model::<B>::from_inner(inner).map(&mut RequireGrad(trainable.0))
+}
+
+/// `grads` with every gradient in the dtype of its parameter in `model` (the f32 masters; a
+/// bf16 view's leaf copies get bf16 gradients).
+fn in_dtypes_of<B: AutodiffBackend>(
+    model: &Model<B>,
+    mut grads: GradientsParams,
+) -> GradientsParams {
+    use burn::module::{ModuleVisitor, Param};
+    struct Cast<'a> {
+        grads: &'a mut GradientsParams,
+        out: GradientsParams,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Cast<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                let dtype = param.val().dtype();
+                let g = if g.dtype() == dtype { g } else { g.cast(dtype) };
+                self.out.register::<B::InnerBackend, D>(param.id, g);
+            }
+        }
+    }
+    let mut cast = Cast {
+        grads: &mut grads,
+        out: GradientsParams::new(),
+    };
+    model.visit(&mut cast);
+    cast.out
 }
 
 /// Input embeddings `[b, len, hidden]` of `tokens` with the image embeddings scattered into the

@@ -26,14 +26,22 @@
 //! micro-batches), `actor/grad_norm` (mean over applied steps), `actor/lr`, `actor/kl_coef`,
 //! `actor/skipped_steps`. Autodiff graphs live only inside one micro-batch. Timing key
 //! `update_actor`.
+//!
+//! Each micro-batch's gradient comes from the two-stage backward of
+//! [`crate::sequences::chunked_loss_backward`]: the log-probs and entropies as values (every
+//! metric and the finite-loss check use them), the loss's gradient with respect to them ([`PpoLoss`]),
+//! then one LM-head chunk's logits at a time recomputed and differentiated, and one trunk
+//! backward; exactly the gradient of the loss through one graph, without ever holding the
+//! `[B, T, V]` logits.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsAccumulator;
+use burn::prelude::{Backend, Tensor};
 use flowrl_algorithms::{
-    ClipConfig, GlobalBatchInfo, KlEstimator, LossAggMode, agg_loss, kl_penalty, masked_mean,
-    policy_loss_vanilla,
+    ClipConfig, GlobalBatchInfo, KlEstimator, LossAggMode, PolicyLossOutput, agg_loss, kl_penalty,
+    masked_mean, policy_loss_vanilla,
 };
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
@@ -43,7 +51,7 @@ use serde::Deserialize;
 
 use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
-use crate::model_resource::{ModelResource, compute_view};
+use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{
@@ -480,58 +488,136 @@ impl PpoUpdateNode {
         let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
         let mut sums = MicroSums::default();
         let mut finite = true;
+        let loss = self.loss();
         for micro in mine.chunks(micro_rows) {
             let seq = SequenceBatch::new(rollouts, micro)?;
-            // The weights in `precision`, cast anew for each backward pass (a backward consumes
-            // the graph of the casts); gradients land on `model`'s weights.
-            let view = compute_view(model, precision);
-            let out = seq.log_probs(&view, self.p.temperature, self.p.chunk, &device)?;
             let mask = seq.mask_tensor::<B>(&device);
-            let advantages = rows_tensor::<B>(&adv.advantages, micro, &device);
-            let old_lp = match old {
-                Some(o) => rows_tensor::<B>(&o.log_probs, micro, &device),
-                None => out.log_probs.clone().detach(),
-            };
-            let pl = policy_loss_vanilla(
-                old_lp,
-                out.log_probs.clone(),
-                advantages,
-                mask.clone(),
-                None,
-                &self.clip,
-                self.mode,
-                info,
+            // Two-stage backward on one view of the weights in `precision` (a fresh one per
+            // micro-batch: a backward consumes the graph of the casts); the gradients land on
+            // `model`'s weights and at most one LM-head chunk of logits is alive at a time.
+            let out = seq.loss_gradients(
+                model,
+                precision,
+                self.p.temperature,
+                self.p.chunk,
+                &device,
+                |log_probs, entropy| {
+                    let old_lp = match old {
+                        Some(o) => rows_tensor::<B>(&o.log_probs, micro, &device),
+                        // On-policy: the current log-probs as a constant (`detach` of the leaf
+                        // would keep it a leaf).
+                        None => Tensor::from_inner(log_probs.clone().inner()),
+                    };
+                    let parts = loss.terms(
+                        log_probs,
+                        entropy,
+                        old_lp,
+                        rows_tensor::<B>(&adv.advantages, micro, &device),
+                        mask.clone(),
+                        reference.map(|r| rows_tensor::<B>(&r.log_probs, micro, &device)),
+                        info,
+                    )?;
+                    if let Some(kl_loss) = &parts.kl_loss {
+                        sums.kl_loss += scalar(kl_loss.clone().detach());
+                    }
+                    sums.pg_loss += scalar(parts.policy.pg_loss.clone().detach());
+                    sums.clipfrac += scalar(parts.policy.pg_clipfrac);
+                    sums.clipfrac_lower += scalar(parts.policy.pg_clipfrac_lower);
+                    sums.ppo_kl += scalar(parts.policy.ppo_kl);
+                    Ok(parts.loss)
+                },
             )?;
-            let mut loss = pl.pg_loss.clone();
-            let entropy_value = scalar(masked_mean(out.entropy.clone().detach(), mask.clone()));
-            if self.p.entropy_coeff != 0.0 {
-                let ent = agg_loss(out.entropy.clone(), mask.clone(), self.mode, info)?;
-                loss = loss - ent.mul_scalar(self.p.entropy_coeff);
-            }
-            if let (Some((est, coef)), Some(r)) = (self.kl, reference) {
-                let ref_lp = rows_tensor::<B>(&r.log_probs, micro, &device);
-                let kl = kl_penalty(out.log_probs.clone(), ref_lp, est)?;
-                let kl_loss = agg_loss(kl, mask.clone(), self.mode, info)?;
-                sums.kl_loss += scalar(kl_loss.clone().detach());
-                loss = loss + kl_loss.mul_scalar(coef);
-            }
-            let loss_value = scalar(loss.clone().detach());
-            sums.pg_loss += scalar(pl.pg_loss.detach());
-            sums.clipfrac += scalar(pl.pg_clipfrac);
-            sums.clipfrac_lower += scalar(pl.pg_clipfrac_lower);
-            sums.ppo_kl += scalar(pl.ppo_kl);
-            sums.entropy += entropy_value;
+            sums.entropy += scalar(masked_mean(out.values.entropy, mask));
             sums.count += 1.0;
-            if !loss_value.is_finite() {
+            if !out.loss.is_finite() {
                 finite = false;
                 break;
             }
-            let grads = GradientsParams::from_grads::<B, _>(loss.backward(), model);
-            acc.accumulate::<B>(model, grads);
+            if let Some(grads) = out.grads {
+                acc.accumulate::<B>(model, grads);
+            }
         }
         Ok(PartialStep {
             grads: finite.then(|| acc.grads()),
             stats: sums.to_vec(),
+        })
+    }
+
+    /// The node's loss settings.
+    fn loss(&self) -> PpoLoss {
+        PpoLoss {
+            clip: self.clip,
+            mode: self.mode,
+            entropy_coeff: self.p.entropy_coeff,
+            kl: self.kl,
+        }
+    }
+}
+
+/// The loss of `update.ppo` on one micro-batch (see the module doc):
+/// `pg_loss − entropy_coeff · agg(entropy) + kl.coef · agg(kl(logπ, logπ_ref))`, every `agg`
+/// normalised by the mini-batch's [`GlobalBatchInfo`].
+#[derive(Debug, Clone, Copy)]
+pub struct PpoLoss {
+    pub clip: ClipConfig,
+    pub mode: LossAggMode,
+    pub entropy_coeff: f64,
+    /// The KL estimator and its coefficient (`None`: no KL term).
+    pub kl: Option<(KlEstimator, f64)>,
+}
+
+/// [`PpoLoss::terms`]: the loss and its parts.
+pub struct PpoLossTerms<B: Backend> {
+    /// The micro-batch's loss (differentiable w.r.t. the log-probs and entropies).
+    pub loss: Tensor<B, 1>,
+    /// The policy loss and its metrics.
+    pub policy: PolicyLossOutput<B>,
+    /// The aggregated KL term, before its coefficient (when the loss has one).
+    pub kl_loss: Option<Tensor<B, 1>>,
+}
+
+impl PpoLoss {
+    /// The loss of one micro-batch from its log-probs and entropies `[b, T]`, the old and
+    /// (with a KL term) the reference log-probs, the advantages and the response mask, with
+    /// the algorithm functions (`policy_loss_vanilla`, `agg_loss`, `kl_penalty`). The KL term
+    /// is added when both `kl` and `ref_log_probs` are present.
+    #[allow(clippy::too_many_arguments)]
+    pub fn terms<B: Backend>(
+        &self,
+        log_probs: Tensor<B, 2>,
+        entropy: Tensor<B, 2>,
+        old_log_probs: Tensor<B, 2>,
+        advantages: Tensor<B, 2>,
+        mask: Tensor<B, 2>,
+        ref_log_probs: Option<Tensor<B, 2>>,
+        info: &GlobalBatchInfo,
+    ) -> Result<PpoLossTerms<B>> {
+        let policy = policy_loss_vanilla(
+            old_log_probs,
+            log_probs.clone(),
+            advantages,
+            mask.clone(),
+            None,
+            &self.clip,
+            self.mode,
+            info,
+        )?;
+        let mut loss = policy.pg_loss.clone();
+        if self.entropy_coeff != 0.0 {
+            let ent = agg_loss(entropy, mask.clone(), self.mode, info)?;
+            loss = loss - ent.mul_scalar(self.entropy_coeff);
+        }
+        let mut kl_loss = None;
+        if let (Some((est, coef)), Some(ref_lp)) = (self.kl, ref_log_probs) {
+            let kl = kl_penalty(log_probs, ref_lp, est)?;
+            let term = agg_loss(kl, mask, self.mode, info)?;
+            loss = loss + term.clone().mul_scalar(coef);
+            kl_loss = Some(term);
+        }
+        Ok(PpoLossTerms {
+            loss,
+            policy,
+            kl_loss,
         })
     }
 }

@@ -14,12 +14,17 @@
 //! non-finite → skipped and counted; `freeze_vision_tower` drops the vision tower's gradients
 //! first, as verl's `actor.freeze_vision_tower`). Metrics: `train/loss`, `actor/grad_norm`, `actor/lr`,
 //! `actor/skipped_steps`. Timing key `update_actor`.
+//!
+//! Each micro-batch's gradient comes from the two-stage backward of
+//! [`crate::sequences::chunked_loss_backward`] ([`sft_loss`] on the log-probs as values, then one
+//! LM-head chunk of logits at a time, then the trunk), so the `[B, T, V]` logits never exist.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use burn::optim::{GradientsAccumulator, GradientsParams};
-use flowrl_algorithms::{LossAggMode, agg_loss};
+use burn::optim::GradientsAccumulator;
+use burn::prelude::{Backend, Tensor};
+use flowrl_algorithms::{GlobalBatchInfo, LossAggMode, agg_loss};
 use flowrl_engine::{
     BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, PortType,
     StepContext,
@@ -28,12 +33,11 @@ use serde::Deserialize;
 
 use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
-use crate::model_resource::{ModelResource, compute_view};
+use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
 use crate::train::{
     OptimParams, PartialStep, global_batch_info, guarded_step, optim_param_specs, replicated_grads,
-    scalar,
 };
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, TokenMatrix, port_types};
 
@@ -193,25 +197,25 @@ impl SftNode {
             let mut total = 0.0;
             for chunk in mine.chunks(micro) {
                 let seq = SequenceBatch::new(batch, chunk)?;
-                // The weights in `precision`, cast anew for each backward pass (a backward
-                // consumes the graph of the casts); gradients land on `model`'s weights.
-                let view = compute_view(model, precision);
-                let out = seq.log_probs(&view, 1.0, self.p.chunk, &device)?;
-                let loss = agg_loss(
-                    out.log_probs.neg(),
-                    seq.mask_tensor::<B>(&device),
-                    LossAggMode::TokenMean,
-                    &info,
+                let mask = seq.mask_tensor::<B>(&device);
+                // Two-stage backward on one view of the weights in `precision` (a fresh one per
+                // micro-batch: a backward consumes the graph of the casts); the gradients land
+                // on `model`'s weights and at most one LM-head chunk of logits is alive at a time.
+                let out = seq.loss_gradients(
+                    model,
+                    precision,
+                    1.0,
+                    self.p.chunk,
+                    &device,
+                    |log_probs, _entropy| sft_loss(log_probs, mask, &info),
                 )?;
-                let value = scalar(loss.clone().detach());
-                total += value;
-                if !value.is_finite() {
+                total += out.loss;
+                let Some(grads) = out.grads.filter(|_| out.loss.is_finite()) else {
                     return Ok(PartialStep {
                         grads: None,
                         stats: vec![total],
                     });
-                }
-                let grads = GradientsParams::from_grads::<B, _>(loss.backward(), model);
+                };
                 acc.accumulate::<B>(model, grads);
             }
             Ok(PartialStep {
@@ -249,6 +253,21 @@ impl SftNode {
         );
         Ok(Outputs::new().with("done", done))
     }
+}
+
+/// The loss of `update.sft` on one micro-batch (see the module doc): the token-mean negative
+/// log-likelihood of the targets, normalised by the batch's [`GlobalBatchInfo`] (its token count).
+pub fn sft_loss<B: Backend>(
+    log_probs: Tensor<B, 2>,
+    mask: Tensor<B, 2>,
+    info: &GlobalBatchInfo,
+) -> Result<Tensor<B, 1>> {
+    Ok(agg_loss(
+        log_probs.neg(),
+        mask,
+        LossAggMode::TokenMean,
+        info,
+    )?)
 }
 
 flowrl_engine::register_node_kind!(SftUpdateKind);
