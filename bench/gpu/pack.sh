@@ -8,7 +8,7 @@
 #   bash bench/gpu/pack.sh --build    build first (CUDARC_CUDA_VERSION=13000 unless set):
 #       cargo build --release --features cuda --bin flowrl
 #       cargo build --release -p flowrl-bench --bin bench-make-model
-#       cargo test --release -p flowrl-models --features cuda --test cuda --no-run
+#       cargo test --release -p flowrl-models --features cuda-tests --test cuda --no-run
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -17,7 +17,7 @@ export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
 if [ "${1:-}" = --build ]; then
   cargo build --release --features cuda --bin flowrl
   cargo build --release -p flowrl-bench --bin bench-make-model
-  cargo test --release -p flowrl-models --features cuda --test cuda --no-run
+  cargo test --release -p flowrl-models --features cuda-tests --test cuda --no-run
 fi
 
 test_bin=$(ls -t target/release/deps/cuda-* 2> /dev/null | while read -r f; do

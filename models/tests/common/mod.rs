@@ -1,4 +1,5 @@
-//! Shared helpers of the model tests: fixture discovery and safetensors reading.
+//! Shared helpers of the model tests: fixture discovery, safetensors reading and the
+//! backend-generic parity checks of each model family.
 
 #![allow(dead_code)]
 
@@ -6,6 +7,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
+
+/// The parity checks of each model family, generic over the backend (run on the CPU by the
+/// family's fixture tests, on the GPU kernels by vulkan.rs).
+pub mod gemma4_checks;
+pub mod qwen_checks;
 
 /// `FLOWRL_MODEL_FIXTURES`, or the repository's copy `tests/fixtures/models`.
 pub fn fixtures_root() -> PathBuf {
