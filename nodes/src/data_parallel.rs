@@ -573,7 +573,9 @@ mod tests {
     fn replicas_know_their_devices() {
         let devices = replicas_devices(&placement(3));
         assert_eq!(devices, (0..3).map(DeviceSpec::Cpu).collect::<Vec<_>>());
-        let one = Replicas::single(DeviceSpec::Cpu(1)).run(|r| Ok(r.device)).unwrap();
+        let one = Replicas::single(DeviceSpec::Cpu(1))
+            .run(|r| Ok(r.device))
+            .unwrap();
         assert_eq!(one, vec![DeviceSpec::Cpu(1)]);
     }
 
