@@ -215,6 +215,7 @@ impl ModelResource {
             let s = self.lock::<B>()?;
             let precision = s.precision;
             let model = compute_view(&s.model, precision).no_grad();
+            #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
             let burn_device = s.device.clone();
             drop(s);
             let copy = Self::from_model(
@@ -304,6 +305,7 @@ impl ModelResource {
         }
         on_backend!(self.backend, B => {
             let mut s = self.lock::<B>()?;
+            #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
             let device = s.device.clone();
             s.model = Model::<B>::load(&dir.join("model"), &device)
                 .with_context(|| format!("model `{}`: restoring {}", self.name, dir.display()))?;
