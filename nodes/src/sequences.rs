@@ -513,9 +513,10 @@ pub fn masked_host<B: Backend>(t: Tensor<B, 2>, mask: &[f32]) -> Result<Vec<f32>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::backend::AutodiffBackend;
 
-    type Ad = Autodiff<Flex>;
+    type Ad = crate::backend::CpuBackend;
+    type Inner = <Ad as AutodiffBackend>::InnerBackend;
 
     fn tiny() -> Model<Ad> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tiny-qwen2-vl");
@@ -551,7 +552,7 @@ mod tests {
         (PaddedBatch::left_pad(&rows, 0), images)
     }
 
-    fn values<const D: usize>(t: Tensor<Flex, D>) -> Vec<f32> {
+    fn values<const D: usize>(t: Tensor<Inner, D>) -> Vec<f32> {
         t.into_data().into_vec::<f32>().unwrap()
     }
 

@@ -263,11 +263,12 @@ impl<B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::backend::AutodiffBackend;
     use burn::module::Module;
     use burn::nn::{Linear, LinearConfig};
 
-    type AB = Autodiff<Flex>;
+    type AB = crate::backend::CpuBackend;
+    type Inner = <AB as AutodiffBackend>::InnerBackend;
 
     #[derive(Module, Debug)]
     struct Net<B: Backend> {
@@ -322,7 +323,7 @@ mod tests {
             let grads = grads_of(&model, 1.0 + step as f32);
             let g: Vec<f32> = values(
                 grads
-                    .get::<Flex, 2>(model.a.weight.id)
+                    .get::<Inner, 2>(model.a.weight.id)
                     .map(Tensor::<AB, 2>::from_inner)
                     .unwrap(),
             );

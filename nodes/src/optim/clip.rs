@@ -86,10 +86,11 @@ pub fn clip_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::backend::AutodiffBackend;
     use burn::nn::{Linear, LinearConfig};
 
-    type B = Autodiff<Flex>;
+    type B = crate::backend::CpuBackend;
+    type Inner = <B as AutodiffBackend>::InnerBackend;
 
     fn setup() -> (Linear<B>, GradientsParams) {
         let device = Default::default();
@@ -102,7 +103,7 @@ mod tests {
 
     fn flat(lin: &Linear<B>, grads: &GradientsParams) -> Vec<f64> {
         let mut v: Vec<f64> = grads
-            .get::<Flex, 2>(lin.weight.id)
+            .get::<Inner, 2>(lin.weight.id)
             .unwrap()
             .into_data()
             .convert::<f64>()
@@ -110,7 +111,7 @@ mod tests {
             .unwrap();
         v.extend(
             grads
-                .get::<Flex, 1>(lin.bias.as_ref().unwrap().id)
+                .get::<Inner, 1>(lin.bias.as_ref().unwrap().id)
                 .unwrap()
                 .into_data()
                 .convert::<f64>()
@@ -154,8 +155,8 @@ mod tests {
     #[test]
     fn non_finite_norm_is_reported_and_grads_left_alone() {
         let (lin, mut grads) = setup();
-        let w = grads.remove::<Flex, 2>(lin.weight.id).unwrap();
-        grads.register::<Flex, 2>(lin.weight.id, w.mul_scalar(f32::NAN));
+        let w = grads.remove::<Inner, 2>(lin.weight.id).unwrap();
+        grads.register::<Inner, 2>(lin.weight.id, w.mul_scalar(f32::NAN));
         let norm = clip_grad_norm(&lin, &mut grads, 1.0);
         assert!(!norm.is_finite());
     }
