@@ -263,9 +263,9 @@ impl<B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::backend::AutodiffBackend;
     use burn::module::Module;
     use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::backend::AutodiffBackend;
 
     type AB = crate::backend::CpuBackend;
     type Inner = <AB as AutodiffBackend>::InnerBackend;

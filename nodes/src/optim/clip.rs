@@ -86,8 +86,8 @@ pub fn clip_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::backend::AutodiffBackend;
     use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::backend::AutodiffBackend;
 
     type B = crate::backend::CpuBackend;
     type Inner = <B as AutodiffBackend>::InnerBackend;
