@@ -63,6 +63,17 @@ pub struct ModelState<B: FlowBackend> {
 }
 
 impl<B: FlowBackend> ModelState<B> {
+    /// A model on `device`, computing in `precision`, with no optimizer state yet.
+    pub fn new(model: Model<B>, device: B::Device, precision: Precision) -> Self {
+        Self {
+            model,
+            optimizer: None,
+            counters: UpdateCounters::default(),
+            device,
+            precision,
+        }
+    }
+
     /// The model without autodiff in the compute precision (generation, log-probs without
     /// gradients).
     pub fn inference_model(&self) -> Model<B::InnerBackend> {
@@ -169,22 +180,19 @@ impl ModelResource {
                     })?
                 }
             };
-            let resource =
-                Self::from_model(name, dir, trainable, tokenizer, model, device, burn_device);
-            resource.lock::<B>()?.precision = precision;
-            Ok(resource)
+            let state = ModelState::new(model, burn_device, precision);
+            Ok(Self::from_state(name, dir, trainable, tokenizer, device, state))
         })
     }
 
-    /// Wraps an already built model on `device` (tests, random initialisation).
-    pub fn from_model<B: FlowBackend>(
+    /// Wraps the state of an already built model on `device`.
+    pub fn from_state<B: FlowBackend>(
         name: &str,
         dir: &Path,
         trainable: bool,
         tokenizer: Option<Arc<Tokenizer>>,
-        model: Model<B>,
         device: DeviceSpec,
-        burn_device: B::Device,
+        state: ModelState<B>,
     ) -> Self {
         Self {
             name: name.to_string(),
@@ -193,13 +201,7 @@ impl ModelResource {
             tokenizer,
             device,
             backend: B::KIND,
-            state: Box::new(Mutex::new(ModelState {
-                model,
-                optimizer: None,
-                counters: UpdateCounters::default(),
-                device: burn_device,
-                precision: Precision::F32,
-            })),
+            state: Box::new(Mutex::new(state)),
         }
     }
 
@@ -218,23 +220,9 @@ impl ModelResource {
             #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
             let burn_device = s.device.clone();
             drop(s);
-            let copy = Self::from_model(
-                name,
-                &self.dir,
-                false,
-                self.tokenizer.clone(),
-                model,
-                self.device,
-                burn_device,
-            );
-            copy.lock::<B>()?.precision = precision;
-            Ok(copy)
+            let state = ModelState::new(model, burn_device, precision);
+            Ok(Self::from_state(name, &self.dir, false, self.tokenizer.clone(), self.device, state))
         })
-    }
-
-    /// The precision forward passes compute in.
-    pub fn precision(&self) -> Result<Precision> {
-        on_backend!(self.backend, B => Ok(self.lock::<B>()?.precision))
     }
 
     /// Exclusive access to the model and its optimizer on backend `B` (an error when the model
