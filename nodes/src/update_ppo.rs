@@ -242,13 +242,17 @@ impl NodeKind for PpoUpdateKind {
         };
         let schedule = p.optim.schedule(ctx.total_steps);
         p.optim.adamw()?;
+        let entropy_coeff = p.entropy_coeff;
         Ok(Box::new(PpoUpdateNode {
             replicas: Replicas::new(&ctx.placement, &ctx.node)?,
             p,
             model,
-            clip,
-            mode,
-            kl,
+            loss: PpoLoss {
+                clip,
+                mode,
+                entropy_coeff,
+                kl,
+            },
             schedule,
         }))
     }
@@ -258,9 +262,8 @@ struct PpoUpdateNode {
     replicas: Replicas,
     p: PpoParams,
     model: Arc<ModelResource>,
-    clip: ClipConfig,
-    mode: LossAggMode,
-    kl: Option<(KlEstimator, f64)>,
+    /// The loss settings (from `p`, parsed once).
+    loss: PpoLoss,
     schedule: LrSchedule,
 }
 
@@ -355,7 +358,7 @@ impl Node for PpoUpdateNode {
                 );
             }
         }
-        if self.kl.is_some() && reference.is_none() {
+        if self.loss.kl.is_some() && reference.is_none() {
             bail!("the KL loss needs `ref_log_probs`");
         }
 
@@ -408,7 +411,7 @@ impl PpoUpdateNode {
                 if step.grads.is_some() {
                     // The losses carry the factor W (dp_size); their replica sum is W × the loss.
                     sums.pg_loss.push(m.pg_loss / world as f64);
-                    if self.kl.is_some() {
+                    if self.loss.kl.is_some() {
                         sums.kl_loss.push(m.kl_loss / world as f64);
                     }
                 }
@@ -457,7 +460,7 @@ impl PpoUpdateNode {
                 ctx.metric(name, v / m.count);
             }
         }
-        if let Some((_, coef)) = self.kl {
+        if let Some((_, coef)) = self.loss.kl {
             if let Some(m) = mean(&sums.kl_loss) {
                 ctx.metric("actor/kl_loss", m);
             }
@@ -488,7 +491,7 @@ impl PpoUpdateNode {
         let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
         let mut sums = MicroSums::default();
         let mut finite = true;
-        let loss = self.loss();
+        let loss = self.loss;
         for micro in mine.chunks(micro_rows) {
             let seq = SequenceBatch::new(rollouts, micro)?;
             let mask = seq.mask_tensor::<B>(&device);
@@ -541,16 +544,6 @@ impl PpoUpdateNode {
             grads: finite.then(|| acc.grads()),
             stats: sums.to_vec(),
         })
-    }
-
-    /// The node's loss settings.
-    fn loss(&self) -> PpoLoss {
-        PpoLoss {
-            clip: self.clip,
-            mode: self.mode,
-            entropy_coeff: self.p.entropy_coeff,
-            kl: self.kl,
-        }
     }
 }
 
