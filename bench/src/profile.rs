@@ -18,7 +18,7 @@
 //! wall seconds per phase; the measured work sits in `#[inline(never)]` functions named
 //! `measured_*`, so `callgrind --toggle-collect='*measured_*'` counts only that):
 //!
-//! * `update`: one micro-batch of `update.ppo` on the nodes' `TrainBackend`: forward, response
+//! * `update`: one micro-batch of `update.ppo` on the nodes' `CpuBackend`: forward, response
 //!   log-probs and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`,
 //!   chunk 16), the PPO-clip token-mean loss against detached log-probs (on-policy), backward,
 //!   and one AdamW step (global-norm clipping is left to the node; AdamW is what it calls). The
@@ -52,7 +52,7 @@ use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 use flowrl_nodes::sequences::{chunked_loss_backward, input_embeddings_shared};
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
-type Ad = flowrl_nodes::backend::TrainBackend;
+type Ad = flowrl_nodes::backend::CpuBackend;
 
 /// The flowrl binary's allocator (`flowrl_nodes::allocator`), so phases cost what they cost there.
 /// It counts the bytes it holds live and their high-water mark, for `BENCH_MEM=1`.

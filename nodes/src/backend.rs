@@ -48,9 +48,6 @@ pub type VulkanBackend = Autodiff<
     BalancedCheckpointing,
 >;
 
-/// The training backend of the CPU (kept under its old name for benchmarks and tests).
-pub type TrainBackend = CpuBackend;
-
 /// The backend of host-side collectives ([`crate::data_parallel`]): replicas exchange host
 /// vectors, whatever backend their models compute on.
 pub type HostBackend = Flex;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 use flowrl_engine::{DeviceSpec, Registry, Session, compile};
 use flowrl_models::weights::WeightVisitor;
-use flowrl_nodes::backend::{CpuBackend, TrainBackend};
+use flowrl_nodes::backend::CpuBackend;
 use flowrl_nodes::model_resource::ModelResource;
 
 fn root() -> PathBuf {
@@ -30,8 +30,8 @@ fn session(text: &str) -> Session {
 /// Every weight of the policy by checkpoint name.
 fn named_weights(s: &Session) -> BTreeMap<String, Vec<f32>> {
     struct Collect(BTreeMap<String, Vec<f32>>);
-    impl WeightVisitor<TrainBackend> for Collect {
-        fn put<const D: usize>(&mut self, name: &str, t: Tensor<TrainBackend, D>) {
+    impl WeightVisitor<CpuBackend> for Collect {
+        fn put<const D: usize>(&mut self, name: &str, t: Tensor<CpuBackend, D>) {
             let v = t.into_data().convert::<f32>().into_vec::<f32>().unwrap();
             self.0.insert(name.to_string(), v);
         }
@@ -190,13 +190,13 @@ fn the_vision_tower_is_the_visual_module_with_its_merger() {
     std::env::set_current_dir(root()).unwrap();
     let device = Default::default();
     let model =
-        flowrl_models::Model::<TrainBackend>::load(&root().join("assets/tiny-qwen2-vl"), &device)
+        flowrl_models::Model::<CpuBackend>::load(&root().join("assets/tiny-qwen2-vl"), &device)
             .unwrap();
     let ids = model.vision_param_ids();
     let mut names = Vec::new();
     struct Names<'a>(&'a mut Vec<String>);
-    impl WeightVisitor<TrainBackend> for Names<'_> {
-        fn put<const D: usize>(&mut self, name: &str, _t: Tensor<TrainBackend, D>) {
+    impl WeightVisitor<CpuBackend> for Names<'_> {
+        fn put<const D: usize>(&mut self, name: &str, _t: Tensor<CpuBackend, D>) {
             self.0.push(name.to_string());
         }
     }
