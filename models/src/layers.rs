@@ -11,17 +11,21 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::activation::{sigmoid, softmax};
 
+use crate::lora::Lora;
 use crate::weights::{Init, WeightSource, WeightVisitor};
 
-/// `y = x·Wᵀ + b` with `W` stored `[out, in]` as in PyTorch / Hugging Face checkpoints.
+/// `y = x·Wᵀ + b` with `W` stored `[out, in]` as in PyTorch / Hugging Face checkpoints, plus
+/// `s · x·Aᵀ·Bᵀ` when the build attached a LoRA adapter ([`crate::lora`]).
 #[derive(Module, Debug)]
 pub struct Linear<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
     pub bias: Option<Param<Tensor<B, 1>>>,
+    pub lora: Option<Lora<B>>,
 }
 
 impl<B: Backend> Linear<B> {
-    /// Loads `{prefix}.weight` `[out, in]` and, when `bias`, `{prefix}.bias` `[out]`.
+    /// Loads `{prefix}.weight` `[out, in]` and, when `bias`, `{prefix}.bias` `[out]`; the source
+    /// decides whether module `prefix` gets an adapter.
     pub fn load(
         src: &mut dyn WeightSource<B>,
         prefix: &str,
@@ -31,16 +35,27 @@ impl<B: Backend> Linear<B> {
     ) -> Self {
         let weight = src.take2(&format!("{prefix}.weight"), [out_dim, in_dim], Init::Matrix);
         let bias = bias.then(|| src.take1(&format!("{prefix}.bias"), [out_dim], Init::Zeros));
+        let lora = src.lora_adapter(prefix, in_dim, out_dim);
         Self {
             weight: Param::from_tensor(weight),
             bias: bias.map(Param::from_tensor),
+            lora,
         }
     }
 
     pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        sink.put(&format!("{prefix}.weight"), self.weight.val());
+        let weight = match &self.lora {
+            Some(lora) if sink.merges_adapters() => lora.merge_into(self.weight.val()),
+            _ => self.weight.val(),
+        };
+        sink.put(&format!("{prefix}.weight"), weight);
         if let Some(b) = &self.bias {
             sink.put(&format!("{prefix}.bias"), b.val());
+        }
+        if let Some(lora) = &self.lora
+            && !sink.merges_adapters()
+        {
+            sink.put_lora(prefix, lora);
         }
     }
 
@@ -51,7 +66,11 @@ impl<B: Backend> Linear<B> {
         let rows = x.shape().num_elements() / in_dim;
         let w = self.weight.val();
         let out_dim = w.dims()[0];
-        let mut y = x.reshape([rows, in_dim]).matmul(w.transpose());
+        let x = x.reshape([rows, in_dim]);
+        let mut y = match &self.lora {
+            Some(lora) => x.clone().matmul(w.transpose()) + lora.forward(x),
+            None => x.matmul(w.transpose()),
+        };
         if let Some(b) = &self.bias {
             y = y + b.val().unsqueeze_dim(0);
         }

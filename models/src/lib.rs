@@ -6,15 +6,20 @@
 //! - [`model`]: [`Model`], a loaded model of any family (a burn `Module`) exposing capabilities;
 //!   Hugging Face loading, saving and random initialisation.
 //! - [`layers`]: shared layers (RMSNorm, rotate-half RoPE from position ids, GQA attention, …).
-//! - [`weights`]: safetensors reading (single/sharded), random init, writing.
+//! - [`weights`]: weight sources (checkpoint, random init, shape-only placeholders) and sinks.
+//! - [`checkpoint`]: Hugging Face safetensors directories (single/sharded): checked, lean
+//!   reading into the target precision, and sharded writing.
+//! - [`lora`]: LoRA adapters with PEFT's semantics and file layout.
 //! - one folder per family: [`qwen2_vl`] (Qwen2-VL and Qwen2.5-VL), [`gemma4`].
 //! - [`image`]: image resampling shared by processors; [`generate`], [`sampling`]: decoding.
 
 pub mod capabilities;
+pub mod checkpoint;
 pub mod gemma4;
 pub mod generate;
 pub mod image;
 pub mod layers;
+pub mod lora;
 pub mod model;
 pub mod qwen2_vl;
 pub mod registry;

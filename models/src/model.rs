@@ -15,9 +15,13 @@ use crate::capabilities::{
     CausalLm, MultimodalPositions, PaddedBatch, PositionIds, ProcessedImage, Vision,
     plain_positions, scatter_image_embeddings,
 };
+use crate::checkpoint::{Checkpoint, write_checkpoint};
 use crate::gemma4::{Gemma4, Gemma4Config};
+use crate::lora::Merged;
 use crate::qwen2_vl::{QwenVl, QwenVlConfig};
-use crate::weights::{Checkpoint, Precision, RandomInit, WeightSink, WeightSource, WeightVisitor};
+use crate::weights::{
+    Precision, RandomInit, SavedSizes, ShapeOnly, WeightSink, WeightSource, WeightVisitor,
+};
 
 /// A model of any registered family.
 // One value per loaded model, so the size difference between variants costs nothing.
@@ -61,6 +65,13 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// The model of the config in `config_json` (the text of a config.json) with every weight
+    /// taken from `src` (a checkpoint, random init, or a wrapper such as
+    /// [`crate::lora::LoraSource`]).
+    pub fn build_from(config_json: &str, src: &mut dyn WeightSource<B>) -> Result<Self> {
+        Ok(Self::build(&parse_config(config_json)?, src))
+    }
+
     /// Loads a Hugging Face model directory: `config.json` and `model.safetensors` or the shards
     /// of `model.safetensors.index.json`. Missing, unexpected and mis-shaped tensors are all
     /// reported, by name, in one error.
@@ -69,7 +80,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// [`Model::load`] with the weights created in `precision` (bf16/f16 for CUDA; checkpoints
-    /// of any stored float dtype are converted).
+    /// of any stored float dtype are converted as the shards are read, see
+    /// [`crate::checkpoint`]).
     pub fn load_with_precision(
         dir: &Path,
         device: &B::Device,
@@ -79,7 +91,7 @@ impl<B: Backend> Model<B> {
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         let config = parse_config(&text).with_context(|| format!("in {}", path.display()))?;
-        let mut ckpt = Checkpoint::<B>::open(dir, device)?.with_precision(precision);
+        let mut ckpt = Checkpoint::<B>::open(dir, device, precision)?;
         let model = Self::build(&config, &mut ckpt);
         ckpt.finish()?;
         Ok(model)
@@ -108,6 +120,18 @@ impl<B: Backend> Model<B> {
         Ok(Self::build(&config, &mut src))
     }
 
+    /// The model of `config_json` with placeholder weights ([`ShapeOnly`]: every tensor one zero
+    /// expanded to its shape, nothing of the model's size allocated): checks that a config
+    /// parses and builds, and counts its parameters (`Module::num_params`), for any model size.
+    /// Its outputs are meaningless.
+    pub fn shape_only(config_json: &str, device: &B::Device, precision: Precision) -> Result<Self> {
+        let config = parse_config(config_json)?;
+        Ok(Self::build(
+            &config,
+            &mut ShapeOnly::<B>::new(device, precision),
+        ))
+    }
+
     /// The model with every float weight cast to `precision`, parameter ids kept. Under
     /// autodiff the casts are recorded, so the gradient of a loss computed with the cast model
     /// reaches this model's own weights in their dtype: the f32 master weights of mixed-precision
@@ -127,13 +151,46 @@ impl<B: Backend> Model<B> {
         self.map(&mut Cast(precision.dtype()))
     }
 
-    /// Writes the model as a Hugging Face directory: `config.json` and F32 safetensors (sharded
-    /// with an index when larger than `max_shard_bytes`), loadable by [`Model::load`] and by
-    /// transformers.
+    /// Writes the model as a Hugging Face directory: `config.json` and safetensors with every
+    /// weight in its own dtype (an f32 model writes F32), sharded with an index when larger
+    /// than `max_shard_bytes`; loadable by [`Model::load`] and by transformers.
     pub fn save(&self, dir: &Path, max_shard_bytes: Option<usize>) -> Result<()> {
-        let mut sink = WeightSink::default();
-        self.export(&mut sink);
-        sink.write(dir, max_shard_bytes)?;
+        self.save_as(dir, max_shard_bytes, None)
+    }
+
+    /// [`Model::save`] with every weight (and host buffer) converted to `precision` (each in its
+    /// own dtype when `None`). Streamed: one pass over the model plans the shards from shapes
+    /// and dtypes, then each shard's tensors are collected, written and dropped before the next,
+    /// so the host holds at most one shard besides the model.
+    pub fn save_as(
+        &self,
+        dir: &Path,
+        max_shard_bytes: Option<usize>,
+        precision: Option<Precision>,
+    ) -> Result<()> {
+        self.save_streamed(dir, max_shard_bytes, precision, false)
+    }
+
+    /// [`Model::save_as`], with every LoRA adapter folded into its weight when `merge_adapters`
+    /// (merging changes no name, shape or dtype, so the plain export plans the shards).
+    pub(crate) fn save_streamed(
+        &self,
+        dir: &Path,
+        max_shard_bytes: Option<usize>,
+        precision: Option<Precision>,
+        merge_adapters: bool,
+    ) -> Result<()> {
+        let mut plan = SavedSizes::new(precision);
+        self.export(&mut plan);
+        write_checkpoint(dir, &plan.sizes, max_shard_bytes, |names| {
+            let mut sink = WeightSink::shard(names, precision);
+            if merge_adapters {
+                self.export(&mut Merged(&mut sink));
+            } else {
+                self.export(&mut sink);
+            }
+            Ok(sink.into_tensors())
+        })?;
         let path = dir.join("config.json");
         std::fs::write(&path, self.config_json())
             .with_context(|| format!("writing {}", path.display()))?;

@@ -1,22 +1,27 @@
-//! Hugging Face weights: reading safetensors checkpoints (one file, or shards listed by
-//! `model.safetensors.index.json`), random initialisation from a config, and writing a model
-//! back in the Hugging Face layout.
+//! Where a model's weights come from and go to: the [`WeightSource`] layers take their tensors
+//! from (a [`Checkpoint`] read from disk, see [`crate::checkpoint`]; [`RandomInit`] from a config;
+//! [`ShapeOnly`] placeholders), and the [`WeightVisitor`] models export them to ([`WeightSink`],
+//! which writes the Hugging Face layout; [`GradCollector`]).
 //!
-//! Layers ask a [`WeightSource`] for each tensor by checkpoint name and shape; the checkpoint
-//! source records every missing, mis-shaped and (at the end) unexpected tensor and reports them
-//! all in one error. Names are normalised to the legacy hub layout (`visual.*`, `model.*`,
-//! `lm_head.*`): transformers-5 module names `model.visual.X` and `model.language_model.X` are
-//! accepted as `visual.X` and `model.X`.
+//! Layers ask a [`WeightSource`] for each tensor by checkpoint name and shape, as host data
+//! already in the source's dtype; the checkpoint source records every missing, mis-shaped and
+//! (at the end) unexpected tensor and reports them all in one error. Names are normalised to the
+//! legacy hub layout (`visual.*`, `model.*`, `lm_head.*`): transformers-5 module names
+//! `model.visual.X` and `model.language_model.X` are accepted as `visual.X` and `model.X`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail};
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use rand::{Rng, SeedableRng, rngs::StdRng};
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use rayon::prelude::*;
+
+pub use crate::checkpoint::Checkpoint;
 
 /// How a randomly initialised tensor is filled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,10 +73,27 @@ pub trait WeightSource<B: Backend> {
     fn dtype(&self) -> DType {
         DType::F32
     }
-    /// Host values of tensor `name` with `shape` (row-major f32).
-    fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> Vec<f32>;
+    /// Host values of tensor `name` with `shape` (row-major), in [`WeightSource::dtype`].
+    fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> TensorData;
     /// Marks `name` as consumed if present (e.g. a stored `lm_head.weight` of a tied model).
     fn ignore(&mut self, name: &str);
+    /// True when every weight is a placeholder: `take` then builds each tensor as one zero
+    /// expanded to its shape (stride 0, nothing of its size allocated) without calling
+    /// `take_data` ([`ShapeOnly`]). Sources that wrap another must delegate it.
+    fn placeholders(&self) -> bool {
+        false
+    }
+    /// The LoRA adapter of linear `module` (`[out_dim, in_dim]` weight), if this build attaches
+    /// one (see [`crate::lora::LoraSource`]). Sources that wrap another must delegate it.
+    fn lora_adapter(
+        &mut self,
+        module: &str,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Option<crate::lora::Lora<B>> {
+        let _ = (module, in_dim, out_dim);
+        None
+    }
 }
 
 impl<B: Backend> dyn WeightSource<B> + '_ {
@@ -82,8 +104,24 @@ impl<B: Backend> dyn WeightSource<B> + '_ {
         shape: [usize; D],
         init: Init,
     ) -> Tensor<B, D> {
+        let device = self.device();
+        if self.placeholders() {
+            return Tensor::<B, D>::zeros([1; D], (&device, self.dtype())).expand(shape);
+        }
         let data = self.take_data(name, &shape, init);
-        Tensor::from_data(TensorData::new(data, shape), (&self.device(), self.dtype()))
+        // In the data's own dtype: no conversion, and on Flex no copy (the tensor takes the
+        // buffer).
+        let dtype = data.dtype;
+        Tensor::from_data(data, (&device, dtype))
+    }
+
+    /// The single value of host buffer `name` (`shape` with one element, e.g. `[]` or `[1]`), as
+    /// f32 after the source's rounding to its dtype.
+    pub fn take_scalar(&mut self, name: &str, shape: &[usize], init: Init) -> f32 {
+        let data = self.take_data(name, shape, init);
+        data.iter::<f32>()
+            .next()
+            .expect("a source returns one value for a one-element shape")
     }
 
     pub fn take1(&mut self, name: &str, shape: [usize; 1], init: Init) -> Tensor<B, 1> {
@@ -106,168 +144,40 @@ pub fn normalize_name(name: &str) -> String {
     }
 }
 
-/// One stored tensor: shape and f32 values.
-struct Stored {
-    shape: Vec<usize>,
-    values: Vec<f32>,
+/// Zeros of `shape` as host data of `dtype` (the placeholder of a missing or mis-shaped tensor).
+pub(crate) fn zeros_data(shape: &[usize], dtype: DType) -> TensorData {
+    host_data(
+        std::iter::repeat_n(0.0, shape.iter().product()),
+        shape,
+        dtype,
+    )
 }
 
-/// Weights read from a Hugging Face directory.
-pub struct Checkpoint<B: Backend> {
-    device: B::Device,
-    /// Tensors not taken yet.
-    tensors: HashMap<String, Stored>,
-    missing: Vec<String>,
-    misshaped: Vec<String>,
-    dir: String,
-    precision: Precision,
-}
-
-impl<B: Backend> Checkpoint<B> {
-    /// Reads `model.safetensors`, or every shard named by `model.safetensors.index.json`.
-    /// F32, BF16 and F16 tensors are converted to f32.
-    pub fn open(dir: &Path, device: &B::Device) -> Result<Self> {
-        let index = dir.join("model.safetensors.index.json");
-        let files: Vec<std::path::PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index)
-                .with_context(|| format!("reading {}", index.display()))?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("parsing {}", index.display()))?;
-            let map = json
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .with_context(|| format!("{} has no `weight_map` object", index.display()))?;
-            let mut names = BTreeSet::new();
-            for (tensor, file) in map {
-                let file = file.as_str().with_context(|| {
-                    format!("{}: weight_map[{tensor}] is not a string", index.display())
-                })?;
-                names.insert(file.to_string());
-            }
-            names.into_iter().map(|f| dir.join(f)).collect()
-        } else {
-            let single = dir.join("model.safetensors");
-            ensure!(
-                single.exists(),
-                "{} has neither model.safetensors nor model.safetensors.index.json",
-                dir.display()
-            );
-            vec![single]
-        };
-        let mut tensors = HashMap::new();
-        for file in &files {
-            let bytes =
-                std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-            let st = SafeTensors::deserialize(&bytes)
-                .with_context(|| format!("parsing safetensors {}", file.display()))?;
-            for (name, view) in st.tensors() {
-                let values =
-                    to_f32(&view).with_context(|| format!("{}: tensor {name}", file.display()))?;
-                tensors.insert(
-                    normalize_name(&name),
-                    Stored {
-                        shape: view.shape().to_vec(),
-                        values,
-                    },
-                );
-            }
-        }
-        Ok(Self {
-            device: device.clone(),
-            tensors,
-            missing: Vec::new(),
-            misshaped: Vec::new(),
-            dir: dir.display().to_string(),
-            precision: Precision::F32,
-        })
-    }
-
-    /// Creates the weights in `precision` (default f32).
-    pub fn with_precision(mut self, precision: Precision) -> Self {
-        self.precision = precision;
-        self
-    }
-
-    /// Every missing, mis-shaped or unexpected tensor, in one error.
-    pub fn finish(self) -> Result<()> {
-        let unexpected: BTreeSet<&String> = self.tensors.keys().collect();
-        if self.missing.is_empty() && self.misshaped.is_empty() && unexpected.is_empty() {
-            return Ok(());
-        }
-        let mut msg = format!("checkpoint {} does not match the model config:", self.dir);
-        for m in &self.missing {
-            msg.push_str(&format!("\n  missing tensor {m}"));
-        }
-        for m in &self.misshaped {
-            msg.push_str(&format!("\n  {m}"));
-        }
-        for u in unexpected {
-            msg.push_str(&format!(
-                "\n  unexpected tensor {u} {:?}",
-                self.tensors[u].shape
-            ));
-        }
-        bail!(msg)
-    }
-}
-
-fn to_f32(view: &TensorView<'_>) -> Result<Vec<f32>> {
-    let data = view.data();
-    Ok(match view.dtype() {
-        Dtype::F32 => data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => data
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => data
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => bail!("unsupported dtype {other:?} (expected F32, BF16 or F16)"),
-    })
-}
-
-impl<B: Backend> WeightSource<B> for Checkpoint<B> {
-    fn device(&self) -> B::Device {
-        self.device.clone()
-    }
-
-    fn dtype(&self) -> DType {
-        self.precision.dtype()
-    }
-
-    fn take_data(&mut self, name: &str, shape: &[usize], _init: Init) -> Vec<f32> {
-        let n = shape.iter().product();
-        // Taken tensors leave the map (no second copy in memory); what remains is unexpected.
-        match self.tensors.remove(name) {
-            None => {
-                self.missing.push(format!("{name} {shape:?}"));
-                vec![0.0; n]
-            }
-            Some(stored) if stored.shape != shape => {
-                self.misshaped.push(format!(
-                    "mis-shaped tensor {name}: checkpoint {:?}, config expects {shape:?}",
-                    stored.shape
-                ));
-                vec![0.0; n]
-            }
-            Some(stored) => stored.values,
-        }
-    }
-
-    fn ignore(&mut self, name: &str) {
-        self.tensors.remove(name);
+/// `values` (row-major, `shape`) as host data of `dtype`, converted one value at a time (no f32
+/// buffer unless `dtype` is f32).
+pub(crate) fn host_data(
+    values: impl Iterator<Item = f32>,
+    shape: &[usize],
+    dtype: DType,
+) -> TensorData {
+    match dtype {
+        DType::BF16 => TensorData::new(values.map(bf16::from_f32).collect::<Vec<_>>(), shape),
+        DType::F16 => TensorData::new(values.map(f16::from_f32).collect::<Vec<_>>(), shape),
+        DType::F32 => TensorData::new(values.collect::<Vec<f32>>(), shape),
+        other => TensorData::new(values.collect::<Vec<f32>>(), shape).convert_dtype(other),
     }
 }
 
 /// Random weights: normal matrices and embeddings with standard deviation `std`
 /// (the config's `initializer_range`), zero biases, unit norm weights (HF `_init_weights`).
+///
+/// The draws are one ChaCha12 stream (`StdRng`'s generator, seeded the same way), each normal
+/// taking 4 of its 32-bit words (Box–Muller from two f64 uniforms), so a large tensor is drawn
+/// in parallel chunks that seek to their first word: the values are those of the sequential
+/// draw, on any number of threads.
 pub struct RandomInit<B: Backend> {
     device: B::Device,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     std: f32,
     precision: Precision,
 }
@@ -276,7 +186,7 @@ impl<B: Backend> RandomInit<B> {
     pub fn new(device: &B::Device, seed: u64, std: f32) -> Self {
         Self {
             device: device.clone(),
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             std,
             precision: Precision::F32,
         }
@@ -288,12 +198,34 @@ impl<B: Backend> RandomInit<B> {
         self
     }
 
-    /// One standard normal draw (Box–Muller).
-    fn normal(&mut self) -> f32 {
-        let u1: f64 = self.rng.random::<f64>().max(f64::MIN_POSITIVE);
-        let u2: f64 = self.rng.random::<f64>();
-        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    /// `n` standard normal draws times `std`, continuing the stream (see the type's doc).
+    fn normals(&mut self, n: usize, std: f32) -> Vec<f32> {
+        const CHUNK: usize = 1 << 16;
+        let start = self.rng.get_word_pos();
+        let mut out = vec![0.0f32; n];
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(k, chunk)| {
+                let mut rng = self.rng.clone();
+                rng.set_word_pos(start + (WORDS_PER_NORMAL * k * CHUNK) as u128);
+                for v in chunk {
+                    *v = normal(&mut rng) * std;
+                }
+            });
+        self.rng
+            .set_word_pos(start + (WORDS_PER_NORMAL * n) as u128);
+        out
     }
+}
+
+/// 32-bit words of the stream one [`normal`] consumes (two f64 uniforms of one u64 each).
+const WORDS_PER_NORMAL: usize = 4;
+
+/// One standard normal draw (Box–Muller).
+fn normal(rng: &mut ChaCha12Rng) -> f32 {
+    let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+    let u2: f64 = rng.random::<f64>();
+    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
 }
 
 impl<B: Backend> WeightSource<B> for RandomInit<B> {
@@ -305,17 +237,69 @@ impl<B: Backend> WeightSource<B> for RandomInit<B> {
         self.precision.dtype()
     }
 
-    fn take_data(&mut self, _name: &str, shape: &[usize], init: Init) -> Vec<f32> {
+    /// The f32 draws (or constants), each rounded into the precision as it is drawn.
+    fn take_data(&mut self, _name: &str, shape: &[usize], init: Init) -> TensorData {
         let n: usize = shape.iter().product();
+        let dtype = self.precision.dtype();
+        let constant = |c: f32| host_data(std::iter::repeat_n(c, n), shape, dtype);
         match init {
-            Init::Zeros => vec![0.0; n],
-            Init::Ones => vec![1.0; n],
-            Init::Const(c) => vec![c; n],
-            Init::Matrix | Init::Embedding => (0..n).map(|_| self.normal() * self.std).collect(),
+            Init::Zeros => constant(0.0),
+            Init::Ones => constant(1.0),
+            Init::Const(c) => constant(c),
+            Init::Matrix | Init::Embedding => {
+                let values = self.normals(n, self.std);
+                host_data(values.into_iter(), shape, dtype)
+            }
         }
     }
 
     fn ignore(&mut self, _name: &str) {}
+}
+
+/// Placeholder weights for building a model of any size without its memory: every tensor is
+/// one zero expanded to its shape (stride 0; see [`WeightSource::placeholders`]), so building
+/// checks that a config parses and fits together and gives the parameter count
+/// (`Module::num_params`), in the given precision. Not for computing: every output is zero.
+pub struct ShapeOnly<B: Backend> {
+    device: B::Device,
+    precision: Precision,
+}
+
+impl<B: Backend> ShapeOnly<B> {
+    pub fn new(device: &B::Device, precision: Precision) -> Self {
+        Self {
+            device: device.clone(),
+            precision,
+        }
+    }
+}
+
+impl<B: Backend> WeightSource<B> for ShapeOnly<B> {
+    fn device(&self) -> B::Device {
+        self.device.clone()
+    }
+
+    fn dtype(&self) -> DType {
+        self.precision.dtype()
+    }
+
+    /// Host buffers only (`take` never asks for a tensor here): the init's constant, zeros for
+    /// matrices and embeddings.
+    fn take_data(&mut self, _name: &str, shape: &[usize], init: Init) -> TensorData {
+        let value = match init {
+            Init::Ones => 1.0,
+            Init::Const(c) => c,
+            Init::Zeros | Init::Matrix | Init::Embedding => 0.0,
+        };
+        let n = shape.iter().product();
+        host_data(std::iter::repeat_n(value, n), shape, self.precision.dtype())
+    }
+
+    fn ignore(&mut self, _name: &str) {}
+
+    fn placeholders(&self) -> bool {
+        true
+    }
 }
 
 /// Receives every weight of a model under its checkpoint name (models' `export` methods call
@@ -328,6 +312,18 @@ pub trait WeightVisitor<B: Backend> {
     fn put_buffer(&mut self, name: &str, shape: &[usize], values: &[f32]) {
         let _ = (name, shape, values);
     }
+
+    /// The LoRA adapter of linear `module`, whose base weight was just put as
+    /// `{module}.weight`. Ignored by default (a checkpoint of the base model).
+    fn put_lora(&mut self, module: &str, lora: &crate::lora::Lora<B>) {
+        let _ = (module, lora);
+    }
+
+    /// When true, linears put their weight with the adapter folded in (`W + s·B·A`) and no
+    /// [`WeightVisitor::put_lora`] follows: the merged model.
+    fn merges_adapters(&self) -> bool {
+        false
+    }
 }
 
 fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
@@ -337,22 +333,73 @@ fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
         .expect("f32 tensor data")
 }
 
-/// Named host tensors collected from a model for saving.
+/// Named host tensors collected from a model, for saving or inspection: each in its own dtype,
+/// or converted to a chosen precision ([`WeightSink::converting`]); host buffers are f32 unless
+/// converted.
 #[derive(Default)]
 pub struct WeightSink {
-    tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    tensors: BTreeMap<String, TensorData>,
+    /// Dtype every collected tensor is converted to; its own when `None`.
+    precision: Option<Precision>,
+    /// Only these names are collected (one shard of a streamed save); all when `None`.
+    only: Option<BTreeSet<String>>,
 }
 
 impl<B: Backend> WeightVisitor<B> for WeightSink {
     fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
-        let shape = t.dims().to_vec();
-        self.tensors
-            .insert(name.to_string(), (shape, host_values(t)));
+        if !self.wants(name) {
+            return;
+        }
+        // Converted on the host: burn's `convert_dtype` rounds f32 → bf16/f16 to nearest even
+        // (`half`'s `from_f32`, as torch's `.to()`), like the checkpoint reader; Flex's `cast`
+        // goes through f64 and `half`'s `from_f64`, which drops the low mantissa bits of an f32
+        // before rounding and so can round a value just above a tie down.
+        let data = t.into_data();
+        let data = match self.precision {
+            Some(p) => data.convert_dtype(p.dtype()),
+            None => data,
+        };
+        self.tensors.insert(name.to_string(), data);
     }
 
     fn put_buffer(&mut self, name: &str, shape: &[usize], values: &[f32]) {
-        self.tensors
-            .insert(name.to_string(), (shape.to_vec(), values.to_vec()));
+        if !self.wants(name) {
+            return;
+        }
+        let dtype = self.precision.map_or(DType::F32, Precision::dtype);
+        let data = host_data(values.iter().copied(), shape, dtype);
+        self.tensors.insert(name.to_string(), data);
+    }
+}
+
+/// Byte sizes of a model's tensors as [`WeightSink`] would collect them (converted to
+/// `precision`, or each in its own dtype), from shapes and dtypes alone: the plan of a streamed
+/// save, which reads no tensor data.
+pub(crate) struct SavedSizes {
+    precision: Option<Precision>,
+    pub sizes: BTreeMap<String, usize>,
+}
+
+impl SavedSizes {
+    pub fn new(precision: Option<Precision>) -> Self {
+        Self {
+            precision,
+            sizes: BTreeMap::new(),
+        }
+    }
+}
+
+impl<B: Backend> WeightVisitor<B> for SavedSizes {
+    fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
+        let dtype = self.precision.map_or(t.dtype(), Precision::dtype);
+        let bytes = crate::checkpoint::saved_bytes(&t.dims(), dtype);
+        self.sizes.insert(name.to_string(), bytes);
+    }
+
+    fn put_buffer(&mut self, name: &str, shape: &[usize], _values: &[f32]) {
+        let dtype = self.precision.map_or(DType::F32, Precision::dtype);
+        let bytes = crate::checkpoint::saved_bytes(shape, dtype);
+        self.sizes.insert(name.to_string(), bytes);
     }
 }
 
@@ -382,84 +429,96 @@ impl<B: AutodiffBackend> WeightVisitor<B> for GradCollector<'_, B> {
 }
 
 impl WeightSink {
-    /// Shape and values of tensor `name`.
-    pub fn get(&self, name: &str) -> Option<(&[usize], &[f32])> {
+    /// A sink that converts every tensor (and host buffer) to `precision`.
+    pub fn converting(precision: Precision) -> Self {
+        Self {
+            precision: Some(precision),
+            ..Self::default()
+        }
+    }
+
+    /// A sink that collects only the tensors `names`, converted to `precision` (their own dtype
+    /// when `None`): one shard of a streamed save.
+    pub(crate) fn shard(names: &BTreeSet<String>, precision: Option<Precision>) -> Self {
+        Self {
+            precision,
+            only: Some(names.clone()),
+            ..Self::default()
+        }
+    }
+
+    fn wants(&self, name: &str) -> bool {
+        self.only.as_ref().is_none_or(|only| only.contains(name))
+    }
+
+    /// Shape and values (widened to f32) of tensor `name`.
+    pub fn get(&self, name: &str) -> Option<(&[usize], Vec<f32>)> {
         self.tensors
             .get(name)
-            .map(|(s, v)| (s.as_slice(), v.as_slice()))
+            .map(|d| (d.shape.as_slice(), d.iter::<f32>().collect()))
+    }
+
+    /// Host data of tensor `name`, in the dtype it was collected in.
+    pub fn data(&self, name: &str) -> Option<&TensorData> {
+        self.tensors.get(name)
     }
 
     /// Names and shapes collected so far.
     pub fn shapes(&self) -> impl Iterator<Item = (&str, &[usize])> {
         self.tensors
             .iter()
-            .map(|(k, (s, _))| (k.as_str(), s.as_slice()))
+            .map(|(k, d)| (k.as_str(), d.shape.as_slice()))
     }
 
-    /// Writes F32 safetensors into `dir`: `model.safetensors`, or, when the tensors exceed
-    /// `max_shard_bytes`, shards `model-0000k-of-0000n.safetensors` plus
-    /// `model.safetensors.index.json` (the `save_pretrained` layout).
+    /// The collected tensors, by name.
+    pub(crate) fn into_tensors(self) -> Vec<(String, TensorData)> {
+        self.tensors.into_iter().collect()
+    }
+
+    /// Writes the tensors into `dir` as safetensors, each in the dtype it was collected in (F32,
+    /// BF16 or F16): `model.safetensors`, or, when they exceed `max_shard_bytes`, shards
+    /// `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json` (the
+    /// `save_pretrained` layout; see [`crate::checkpoint`]).
     pub fn write(&self, dir: &Path, max_shard_bytes: Option<usize>) -> Result<()> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let limit = max_shard_bytes.unwrap_or(usize::MAX);
-        let mut shards: Vec<Vec<&String>> = vec![Vec::new()];
-        let mut size = 0usize;
-        for (name, (_, values)) in &self.tensors {
-            let bytes = values.len() * 4;
-            if size > 0 && size + bytes > limit {
-                shards.push(Vec::new());
-                size = 0;
-            }
-            shards.last_mut().expect("one shard").push(name);
-            size += bytes;
-        }
-        let n = shards.len();
-        let mut weight_map = serde_json::Map::new();
-        let mut total = 0usize;
-        for (k, names) in shards.iter().enumerate() {
-            let file = if n == 1 {
-                "model.safetensors".to_string()
-            } else {
-                format!("model-{:05}-of-{:05}.safetensors", k + 1, n)
-            };
-            let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = names
+        let sizes = self
+            .tensors
+            .iter()
+            .map(|(name, d)| (name.clone(), d.as_bytes().len()))
+            .collect();
+        crate::checkpoint::write_checkpoint(dir, &sizes, max_shard_bytes, |names| {
+            Ok(names
                 .iter()
-                .map(|name| {
-                    let (shape, values) = &self.tensors[*name];
-                    let b: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    ((*name).clone(), b, shape.clone())
+                .map(|name| (name.clone(), self.tensors[name].clone()))
+                .collect())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use rand::rngs::StdRng;
+
+    /// The parallel, seeking draw gives exactly the sequential `StdRng` stream's values, across
+    /// tensors (the second continues where the first ended) and chunk boundaries.
+    #[test]
+    fn parallel_random_init_equals_the_sequential_stream() {
+        let mut rng = StdRng::seed_from_u64(42);
+        let mut sequential = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+                    let u2: f64 = rng.random::<f64>();
+                    ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+                        * 0.02
                 })
-                .collect();
-            let views: Vec<(String, TensorView<'_>)> = bytes
-                .iter()
-                .map(|(name, b, shape)| {
-                    total += b.len();
-                    weight_map.insert(name.clone(), serde_json::Value::String(file.clone()));
-                    Ok((
-                        name.clone(),
-                        TensorView::new(Dtype::F32, shape.clone(), b)
-                            .with_context(|| format!("tensor {name}"))?,
-                    ))
-                })
-                .collect::<Result<_>>()?;
-            let mut meta = HashMap::new();
-            meta.insert("format".to_string(), "pt".to_string());
-            let path = dir.join(&file);
-            safetensors::serialize_to_file(views, Some(meta), &path)
-                .with_context(|| format!("writing {}", path.display()))?;
+                .collect()
+        };
+        let mut src = RandomInit::<Flex>::new(&Default::default(), 42, 0.02);
+        for n in [3, 200_001, 70_000] {
+            let data = WeightSource::<Flex>::take_data(&mut src, "w", &[n], Init::Matrix);
+            assert_eq!(data.to_vec::<f32>().unwrap(), sequential(n), "{n} values");
         }
-        let index = dir.join("model.safetensors.index.json");
-        if n > 1 {
-            let json = serde_json::json!({
-                "metadata": { "total_size": total },
-                "weight_map": weight_map,
-            });
-            std::fs::write(&index, serde_json::to_string_pretty(&json)?)
-                .with_context(|| format!("writing {}", index.display()))?;
-        } else if index.exists() {
-            std::fs::remove_file(&index)
-                .with_context(|| format!("removing stale {}", index.display()))?;
-        }
-        Ok(())
     }
 }

@@ -199,9 +199,9 @@ fn gemma4_random_model_is_usable() {
     let (shape, v) = sink
         .get("model.vision_tower.encoder.layers.0.self_attn.q_proj.input_max")
         .unwrap();
-    assert_eq!((shape, v), (&[][..], &[f32::INFINITY][..]));
+    assert_eq!((shape, &v[..]), (&[][..], &[f32::INFINITY][..]));
     let (shape, v) = sink
         .get("model.language_model.layers.0.layer_scalar")
         .unwrap();
-    assert_eq!((shape, v), (&[1usize][..], &[1.0f32][..]));
+    assert_eq!((shape, &v[..]), (&[1usize][..], &[1.0f32][..]));
 }

@@ -20,7 +20,7 @@ mod common;
 
 use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use common::{gemma4_checks, qwen_checks};
+use common::{gemma4_checks, lora_checks, qwen_checks};
 
 /// burn's wgpu kernels without the fusion layer (f32 floats, i32 ints, u8 bools as `Vulkan`).
 type Gpu = CubeBackend<WgpuRuntime, f32, i32, u8>;
@@ -115,4 +115,11 @@ fn vulkan_batched_transposed_lhs_matmul_matches_host() {
         }
         assert!(worst < 1e-4, "batch entry {head}: max |diff| {worst:e}");
     }
+}
+
+/// PEFT's LoRA adapters on their bases (tests/fixtures/lora): logits, log-probs, loss and adapter
+/// gradients, with each case's tolerances, as on the CPU.
+#[test]
+fn lora_adapters_match_peft_on_vulkan() {
+    lora_checks::peft_adapters_match_peft::<Autodiff<Gpu>>(&device());
 }

@@ -43,7 +43,7 @@ impl<B: Backend> ClippedLinear<B> {
         out_dim: usize,
     ) -> Self {
         let mut bound = |name: &str, init: f32| {
-            src.take_data(&format!("{prefix}.{name}"), &[], Init::Const(init))[0]
+            src.take_scalar(&format!("{prefix}.{name}"), &[], Init::Const(init))
         };
         let (input_min, input_max) = (
             bound("input_min", f32::NEG_INFINITY),

@@ -31,12 +31,29 @@ impl<B: Backend> WeightSource<B> for HfNames<'_, B> {
         self.0.device()
     }
 
-    fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> Vec<f32> {
+    fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> TensorData {
         self.0.take_data(&normalize_name(name), shape, init)
+    }
+
+    fn placeholders(&self) -> bool {
+        self.0.placeholders()
     }
 
     fn ignore(&mut self, name: &str) {
         self.0.ignore(&normalize_name(name));
+    }
+
+    fn dtype(&self) -> burn::tensor::DType {
+        self.0.dtype()
+    }
+
+    fn lora_adapter(
+        &mut self,
+        module: &str,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Option<crate::lora::Lora<B>> {
+        self.0.lora_adapter(module, in_dim, out_dim)
     }
 }
 

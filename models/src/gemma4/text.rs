@@ -182,7 +182,7 @@ impl<B: Backend> TextModel<B> {
                     h,
                     eps,
                 ),
-                layer_scalar: src.take_data(&format!("{lp}.layer_scalar"), &[1], Init::Ones)[0],
+                layer_scalar: src.take_scalar(&format!("{lp}.layer_scalar"), &[1], Init::Ones),
             });
         }
         let mut multimodal_ids = vec![config.image_token_id];

@@ -11,6 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 /// The parity checks of each model family, generic over the backend (run on the CPU by the
 /// family's fixture tests, on the GPU kernels by vulkan.rs).
 pub mod gemma4_checks;
+pub mod lora_checks;
 pub mod qwen_checks;
 
 /// `FLOWRL_MODEL_FIXTURES`, or the repository's copy `tests/fixtures/models`.
@@ -108,6 +109,53 @@ pub fn max_dev(actual: &[f32], expected: &[f64], keep: impl Fn(usize) -> bool) -
         }
     }
     (dev, scale)
+}
+
+/// The left-padded batch of a case's `input_ids` and `attention_mask`.
+pub fn padded_batch(inputs: &HashMap<String, Array>) -> flowrl_models::PaddedBatch {
+    let ids = &inputs["input_ids"];
+    let as_u32 = |a: &Array| a.values.iter().map(|&v| v as u32).collect();
+    flowrl_models::PaddedBatch {
+        ids: as_u32(ids),
+        attention_mask: as_u32(&inputs["attention_mask"]),
+        batch: ids.shape[0],
+        len: ids.shape[1],
+    }
+}
+
+/// Qwen-VL images of a case (`pixel_values` rows split by `image_grid_thw`), with their grids;
+/// none when the case has no images.
+pub fn qwen_images(
+    inputs: &HashMap<String, Array>,
+) -> (Vec<flowrl_models::ProcessedImage>, Vec<[usize; 3]>) {
+    let mut images = Vec::new();
+    let mut grids = Vec::new();
+    if let (Some(px), Some(g)) = (inputs.get("pixel_values"), inputs.get("image_grid_thw")) {
+        let dim = px.shape[1];
+        let mut row = 0;
+        for k in 0..g.shape[0] {
+            let grid = [
+                g.values[3 * k] as usize,
+                g.values[3 * k + 1] as usize,
+                g.values[3 * k + 2] as usize,
+            ];
+            let n = grid[0] * grid[1] * grid[2];
+            images.push(flowrl_models::ProcessedImage {
+                pixel_values: px.values[row * dim..(row + n) * dim]
+                    .iter()
+                    .map(|&v| v as f32)
+                    .collect(),
+                shape: vec![n, dim],
+                grid: grid.to_vec(),
+                num_tokens: n / 4,
+                patch_positions: None,
+            });
+            grids.push(grid);
+            row += n;
+        }
+        assert_eq!(row, px.shape[0], "grids cover every pixel_values row");
+    }
+    (images, grids)
 }
 
 /// A fresh empty temporary directory.

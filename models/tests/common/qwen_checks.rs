@@ -12,7 +12,9 @@ use flowrl_models::capabilities::mask_tensor;
 use flowrl_models::weights::GradCollector;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 
-use super::{Array, fixtures_root, max_dev, model_cases, read_safetensors};
+use super::{
+    Array, fixtures_root, max_dev, model_cases, padded_batch, qwen_images, read_safetensors,
+};
 
 pub const FAMILIES: &[&str] = &["qwen2_vl", "qwen2_5_vl"];
 /// README §7 recommends 1e-4 · max(1, max |e|) and says 2e-5 is safe; a faithful f32 port lands
@@ -32,45 +34,8 @@ pub struct Case {
 pub fn read_case(dir: &Path) -> Case {
     let inputs = read_safetensors(&dir.join("inputs.safetensors"));
     let expected = read_safetensors(&dir.join("expected.safetensors"));
-    let ids = &inputs["input_ids"];
-    let (b, l) = (ids.shape[0], ids.shape[1]);
-    let batch = PaddedBatch {
-        ids: ids.values.iter().map(|&v| v as u32).collect(),
-        attention_mask: inputs["attention_mask"]
-            .values
-            .iter()
-            .map(|&v| v as u32)
-            .collect(),
-        batch: b,
-        len: l,
-    };
-    let mut images = Vec::new();
-    let mut grids = Vec::new();
-    if let (Some(px), Some(g)) = (inputs.get("pixel_values"), inputs.get("image_grid_thw")) {
-        let dim = px.shape[1];
-        let mut row = 0;
-        for k in 0..g.shape[0] {
-            let grid = [
-                g.values[3 * k] as usize,
-                g.values[3 * k + 1] as usize,
-                g.values[3 * k + 2] as usize,
-            ];
-            let n = grid[0] * grid[1] * grid[2];
-            images.push(ProcessedImage {
-                pixel_values: px.values[row * dim..(row + n) * dim]
-                    .iter()
-                    .map(|&v| v as f32)
-                    .collect(),
-                shape: vec![n, dim],
-                grid: grid.to_vec(),
-                num_tokens: n / 4,
-                patch_positions: None,
-            });
-            grids.push(grid);
-            row += n;
-        }
-        assert_eq!(row, px.shape[0], "grids cover every pixel_values row");
-    }
+    let batch = padded_batch(&inputs);
+    let (images, grids) = qwen_images(&inputs);
     Case {
         name: dir.display().to_string(),
         batch,

@@ -451,43 +451,39 @@ fn matmul_batched_gemm<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor) -> FlexT
 // ============================================================================
 
 fn matmul_bf16(lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
-    let lhs = lhs.to_contiguous();
-    let rhs = rhs.to_contiguous();
-
-    let lhs_shape = lhs.layout().shape();
-    let rhs_shape = rhs.layout().shape();
-
-    // Convert bf16 -> f32
-    let lhs_f32: Vec<f32> = lhs.storage::<bf16>().iter().map(|x| x.to_f32()).collect();
-    let rhs_f32: Vec<f32> = rhs.storage::<bf16>().iter().map(|x| x.to_f32()).collect();
-
-    // Create f32 tensors
-    let lhs_f32_tensor = FlexTensor::new(
-        Bytes::from_elems(lhs_f32),
-        Layout::contiguous(lhs_shape.clone()),
-        DType::F32,
-    );
-    let rhs_f32_tensor = FlexTensor::new(
-        Bytes::from_elems(rhs_f32),
-        Layout::contiguous(rhs_shape.clone()),
-        DType::F32,
-    );
+    // flowrl patch: the bf16 -> f32 conversions run on the thread pool (`par::map`), and an
+    // operand whose view covers its whole storage (a contiguous or transposed weight) is converted
+    // as stored, keeping its strides, instead of being copied contiguous first: a decode step's
+    // `x · Wᵀ` no longer writes a transposed bf16 copy of every weight before converting it.
+    let lhs_f32_tensor = bf16_operand_to_f32(lhs);
+    let rhs_f32_tensor = bf16_operand_to_f32(rhs);
 
     // Compute matmul in f32
     let result_f32 = matmul_gemm::<f32>(lhs_f32_tensor, rhs_f32_tensor);
 
     // Convert f32 -> bf16
-    let result_bf16: Vec<bf16> = result_f32
-        .storage::<f32>()
-        .iter()
-        .map(|x| bf16::from_f32(*x))
-        .collect();
+    let result_bf16: Vec<bf16> =
+        crate::ops::par::map(result_f32.storage::<f32>(), bf16::from_f32);
 
     FlexTensor::new(
         Bytes::from_elems(result_bf16),
         result_f32.layout().clone(),
         DType::BF16,
     )
+}
+
+/// flowrl patch: a bf16 matmul operand as f32, converted in parallel; the layout is kept when the
+/// view spans its storage exactly, else the view is made contiguous first.
+fn bf16_operand_to_f32(t: FlexTensor) -> FlexTensor {
+    let spans_storage = t.storage::<bf16>().len() == t.layout().num_elements();
+    let t = if spans_storage { t } else { t.to_contiguous() };
+    let layout = if spans_storage {
+        t.layout().clone()
+    } else {
+        Layout::contiguous(t.layout().shape().clone())
+    };
+    let f32s: Vec<f32> = crate::ops::par::map(t.storage::<bf16>(), bf16::to_f32);
+    FlexTensor::new(Bytes::from_elems(f32s), layout, DType::F32)
 }
 
 // ============================================================================

@@ -1,0 +1,922 @@
+//! LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") with
+//! PEFT's semantics, so adapters move between flowrl and `peft` unchanged.
+//!
+//! A linear map `y = x·Wᵀ + b` of `[out, in]` weight gets two trainable matrices `A` `[r, in]` and
+//! `B` `[out, r]`:
+//!
+//! ```text
+//! y = x·Wᵀ + b + s · dropout(x)·Aᵀ·Bᵀ        s = alpha / r
+//! ```
+//!
+//! as PEFT's `lora.Linear.forward` (`use_rslora = false`). A fresh adapter has
+//! `A ~ U(−1/√in, 1/√in)` (PEFT's `kaiming_uniform_(a=√5)` on a `[r, in]` weight) and `B = 0`, so
+//! an adapted model starts exactly at its base. Merging folds the adapter into the base weight:
+//! `W' = W + s·B·A` (PEFT's `merge_and_unload`).
+//!
+//! Which linears get adapters ([`LoraConfig::matches`]): PEFT's rule for a list of
+//! `target_modules` — a module whose name equals an entry or ends with `"." + entry` — where
+//! `"all-linear"` means every linear but the output layer (`lm_head`). Vision-tower modules are
+//! excluded unless an entry names the tower (an entry that starts with a tower prefix such as
+//! `visual.` or `model.vision_tower.`), as EasyR1 does with `exclude_modules = ".*visual.*"`.
+//!
+//! Adapters are attached while a model is built: [`Linear::load`](crate::layers::Linear::load) asks
+//! its weight source ([`crate::weights::WeightSource::lora_adapter`]) and [`LoraSource`] answers
+//! for the modules that match, with fresh weights or with those of a stored PEFT adapter. Files
+//! are in PEFT's layout ([`write_peft_adapter`], [`read_peft_adapter`]): `adapter_config.json` and
+//! `adapter_model.safetensors` with keys `base_model.model.<module>.lora_A.weight` /
+//! `.lora_B.weight`, where `<module>` is the transformers module path.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::prelude::*;
+use burn::tensor::DType;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use safetensors::{Dtype, SafeTensors};
+
+use crate::checkpoint::Checkpoint;
+use crate::model::Model;
+use crate::weights::{
+    Init, Precision, RandomInit, ShapeOnly, WeightSource, WeightVisitor, normalize_name,
+};
+
+/// The `target_modules` entry that selects every linear but the output layer.
+pub const ALL_LINEAR: &str = "all-linear";
+
+/// The output layer, never adapted by [`ALL_LINEAR`] (PEFT leaves the output embedding alone).
+const OUTPUT_LAYER: &str = "lm_head";
+
+/// What to adapt and how (PEFT's `LoraConfig` fields of the same names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    /// `r`: the adapters' rank.
+    pub rank: usize,
+    /// `lora_alpha`: the scaling is `alpha / rank`.
+    pub alpha: f64,
+    /// `lora_dropout`: dropout on the adapter's input while training.
+    pub dropout: f64,
+    /// Module-name suffixes, or [`ALL_LINEAR`].
+    pub target_modules: Vec<String>,
+}
+
+impl LoraConfig {
+    /// `s = alpha / r`.
+    pub fn scaling(&self) -> f64 {
+        self.alpha / self.rank as f64
+    }
+
+    /// Rank ≥ 1, alpha finite and > 0, dropout in [0, 1), at least one target.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.rank >= 1,
+            "LoRA rank must be at least 1 (got {})",
+            self.rank
+        );
+        ensure!(
+            self.alpha.is_finite() && self.alpha > 0.0,
+            "LoRA alpha must be a positive number (got {})",
+            self.alpha
+        );
+        ensure!(
+            (0.0..1.0).contains(&self.dropout),
+            "LoRA dropout must be in [0, 1) (got {})",
+            self.dropout
+        );
+        ensure!(
+            !self.target_modules.is_empty(),
+            "LoRA target_modules is empty: name module suffixes such as \"q_proj\", or \"{ALL_LINEAR}\""
+        );
+        Ok(())
+    }
+
+    /// Whether linear `module` (its checkpoint prefix, e.g. `model.layers.0.self_attn.q_proj`)
+    /// gets an adapter (see the module doc); `vision` tells whether it belongs to the vision
+    /// tower.
+    pub fn matches(&self, module: &str, vision: bool) -> bool {
+        self.target_modules
+            .iter()
+            .any(|t| entry_matches(t, module, vision))
+    }
+}
+
+/// One `target_modules` entry against one module name.
+fn entry_matches(entry: &str, module: &str, vision: bool) -> bool {
+    // A vision-tower module only for an entry that names the tower.
+    if vision && !in_vision_tower(entry) {
+        return false;
+    }
+    if entry == ALL_LINEAR {
+        return module != OUTPUT_LAYER && !module.ends_with(".lm_head");
+    }
+    let (module, entry) = (normalize_name(module), normalize_name(entry));
+    module == entry || module.ends_with(&format!(".{entry}"))
+}
+
+/// Module-name prefixes of the families' vision towers (legacy and transformers-5 names).
+pub const VISION_TOWER_PREFIXES: &[&str] = &[
+    "visual.",
+    "model.visual.",
+    "model.vision_tower.",
+    "model.embed_vision.",
+];
+
+/// Whether a module name (or a `target_modules` entry) lies in a vision tower.
+pub fn in_vision_tower(module: &str) -> bool {
+    VISION_TOWER_PREFIXES.iter().any(|p| module.starts_with(p))
+}
+
+/// The adapter of one linear map (see the module doc).
+#[derive(Module, Debug)]
+pub struct Lora<B: Backend> {
+    /// `lora_A` `[r, in]`.
+    pub a: Param<Tensor<B, 2>>,
+    /// `lora_B` `[out, r]`.
+    pub b: Param<Tensor<B, 2>>,
+    /// `alpha / r`.
+    pub scaling: f64,
+    /// Dropout probability on the adapter's input, applied only under autodiff (training).
+    pub dropout: f64,
+}
+
+thread_local! {
+    /// The dropout seed of this thread's current scope and the number of masks drawn in it.
+    static DROPOUT_STREAM: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// While alive, the adapters' dropout masks this thread draws come from `seed` (the k-th mask
+/// depends only on `seed` and k), so a training step's masks are reproducible, on resume too.
+/// Update nodes hold one per replica and mini-batch; dropping it restores the outer stream.
+pub struct DropoutScope {
+    outer: (u64, u64),
+}
+
+impl DropoutScope {
+    pub fn enter(seed: u64) -> Self {
+        Self {
+            outer: DROPOUT_STREAM.with(|c| c.replace((seed, 0))),
+        }
+    }
+}
+
+impl Drop for DropoutScope {
+    fn drop(&mut self) {
+        DROPOUT_STREAM.with(|c| c.set(self.outer));
+    }
+}
+
+/// An inverted-dropout mask of `n` values: `1/keep` with probability `keep`, else 0.
+fn dropout_mask(n: usize, keep: f64) -> Vec<f32> {
+    let (seed, k) = DROPOUT_STREAM.with(|c| {
+        let (seed, k) = c.get();
+        c.set((seed, k + 1));
+        (seed, k)
+    });
+    let mut rng = StdRng::seed_from_u64(seed ^ k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let scale = (1.0 / keep) as f32;
+    (0..n)
+        .map(|_| {
+            if rng.random::<f64>() < keep {
+                scale
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+impl<B: Backend> Lora<B> {
+    /// `s · dropout(x)·Aᵀ·Bᵀ` for rows `x` `[n, in]` (in the dtype of `x`). Dropout acts only
+    /// under autodiff (training), with masks from the thread's [`DropoutScope`].
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let x = if self.dropout > 0.0 && B::ad_enabled(&x.device()) {
+            let mask = dropout_mask(x.shape().num_elements(), 1.0 - self.dropout);
+            let mask = Tensor::<B, 2>::from_data(
+                TensorData::new(mask, x.shape()),
+                (&x.device(), x.dtype()),
+            );
+            x * mask
+        } else {
+            x
+        };
+        x.matmul(self.a.val().transpose())
+            .matmul(self.b.val().transpose())
+            * self.scaling
+    }
+
+    /// `W + s·B·A`, computed in f32 and returned in the dtype of `weight`.
+    pub fn merge_into(&self, weight: Tensor<B, 2>) -> Tensor<B, 2> {
+        let dtype = weight.dtype();
+        let delta = self
+            .b
+            .val()
+            .cast(DType::F32)
+            .matmul(self.a.val().cast(DType::F32))
+            * self.scaling;
+        (weight.cast(DType::F32) + delta).cast(dtype)
+    }
+}
+
+/// A host tensor: shape and f32 values.
+type HostTensor = (Vec<usize>, Vec<f32>);
+
+/// Adapter weights read from a PEFT directory, by normalised module name.
+#[derive(Clone)]
+pub struct StoredAdapter {
+    /// The directory, for messages.
+    pub dir: String,
+    /// `(A [r, in], B [out, r])` by normalised module name.
+    tensors: HashMap<String, (HostTensor, HostTensor)>,
+}
+
+/// How the adapters of a build are filled.
+#[derive(Clone)]
+pub enum AdapterInit {
+    /// PEFT's initialisation (module doc), drawn from this seed.
+    Fresh(u64),
+    /// The weights of a stored adapter: exactly its modules are adapted, and each must exist in
+    /// the model with its shapes.
+    Stored(StoredAdapter),
+}
+
+/// A weight source that attaches adapters to the linears `config` matches while delegating the
+/// base weights to `inner`. [`LoraSource::finish`] reports targets that matched nothing (naming
+/// the modules that exist) and stored adapter weights that do not fit.
+pub struct LoraSource<'a, B: Backend> {
+    inner: &'a mut dyn WeightSource<B>,
+    config: LoraConfig,
+    init: AdapterInit,
+    rng: StdRng,
+    /// Every linear seen, in build order.
+    linears: Vec<String>,
+    adapted: Vec<String>,
+    problems: Vec<String>,
+}
+
+impl<'a, B: Backend> LoraSource<'a, B> {
+    pub fn new(inner: &'a mut dyn WeightSource<B>, config: LoraConfig, init: AdapterInit) -> Self {
+        let seed = match &init {
+            AdapterInit::Fresh(seed) => *seed,
+            AdapterInit::Stored(_) => 0,
+        };
+        Self {
+            inner,
+            config,
+            init,
+            rng: StdRng::seed_from_u64(seed),
+            linears: Vec::new(),
+            adapted: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// The names of the adapted modules, in build order; an error when a target matched no
+    /// module, or a stored adapter does not fit the model.
+    pub fn finish(self) -> Result<Vec<String>> {
+        let mut problems = self.problems;
+        let fresh = matches!(self.init, AdapterInit::Fresh(_));
+        for entry in self.config.target_modules.iter().filter(|_| fresh) {
+            let hit = self
+                .linears
+                .iter()
+                .any(|m| entry_matches(entry, m, in_vision_tower(m)));
+            if !hit {
+                problems.push(format!(
+                    "LoRA target `{entry}` matches no linear module of this model; its linear modules are: {}",
+                    module_summary(&self.linears)
+                ));
+            }
+        }
+        if let AdapterInit::Stored(stored) = &self.init {
+            // Taken entries left the map: what remains names modules this model lacks.
+            let unused: Vec<&String> = stored.tensors.keys().collect();
+            if !unused.is_empty() {
+                problems.push(format!(
+                    "the adapter in {} has weights for {} module(s) this model does not have (e.g. {}): \
+                     it was made for another base model",
+                    stored.dir,
+                    unused.len(),
+                    unused.iter().take(3).map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        if !problems.is_empty() {
+            const SHOWN: usize = 5;
+            let more = problems.len().saturating_sub(SHOWN);
+            problems.truncate(SHOWN);
+            if more > 0 {
+                problems.push(format!("... and {more} more"));
+            }
+            bail!(problems.join("\n"));
+        }
+        Ok(self.adapted)
+    }
+
+    fn fresh(&mut self, in_dim: usize, out_dim: usize) -> (Vec<f32>, Vec<f32>) {
+        let r = self.config.rank;
+        let bound = 1.0 / (in_dim as f64).sqrt();
+        let a = (0..r * in_dim)
+            .map(|_| self.rng.random_range(-bound..bound) as f32)
+            .collect();
+        (a, vec![0.0; out_dim * r])
+    }
+}
+
+/// Leaf names of the linear modules (`q_proj`, `gate_proj`, …), vision-tower ones marked.
+fn module_summary(linears: &[String]) -> String {
+    let mut leaves: BTreeMap<String, bool> = BTreeMap::new();
+    for m in linears {
+        let leaf = m.rsplit('.').next().unwrap_or(m).to_string();
+        let vision = in_vision_tower(m);
+        leaves
+            .entry(leaf)
+            .and_modify(|v| *v &= vision)
+            .or_insert(vision);
+    }
+    leaves
+        .iter()
+        .map(|(leaf, vision)| {
+            if *vision {
+                format!("{leaf} (vision tower)")
+            } else {
+                leaf.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl<B: Backend> WeightSource<B> for LoraSource<'_, B> {
+    fn device(&self) -> B::Device {
+        self.inner.device()
+    }
+
+    fn dtype(&self) -> DType {
+        self.inner.dtype()
+    }
+
+    fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> TensorData {
+        self.inner.take_data(name, shape, init)
+    }
+
+    fn placeholders(&self) -> bool {
+        self.inner.placeholders()
+    }
+
+    fn ignore(&mut self, name: &str) {
+        self.inner.ignore(name)
+    }
+
+    fn lora_adapter(&mut self, module: &str, in_dim: usize, out_dim: usize) -> Option<Lora<B>> {
+        self.linears.push(module.to_string());
+        // A stored adapter adapts exactly the modules it has weights for.
+        let adapt = match &self.init {
+            AdapterInit::Fresh(_) => self.config.matches(module, in_vision_tower(module)),
+            AdapterInit::Stored(stored) => stored.tensors.contains_key(&normalize_name(module)),
+        };
+        if !adapt {
+            return None;
+        }
+        self.adapted.push(module.to_string());
+        let r = self.config.rank;
+        let (a, b) = match &mut self.init {
+            AdapterInit::Fresh(_) => self.fresh(in_dim, out_dim),
+            AdapterInit::Stored(stored) => match stored.tensors.remove(&normalize_name(module)) {
+                None => unreachable!("adapted because the adapter holds {module}"),
+                Some(((sa, a), (sb, b))) => {
+                    if sa != [r, in_dim] || sb != [out_dim, r] {
+                        self.problems.push(format!(
+                            "the adapter in {} does not fit module {module}: lora_A {sa:?} and lora_B {sb:?}, \
+                             the model needs [{r}, {in_dim}] and [{out_dim}, {r}] (an adapter made for another base model?)",
+                            stored.dir
+                        ));
+                        (vec![0.0; r * in_dim], vec![0.0; out_dim * r])
+                    } else {
+                        (a, b)
+                    }
+                }
+            },
+        };
+        let device = self.device();
+        // Adapters are trained: f32 masters whatever the base's dtype.
+        let a = Tensor::<B, 2>::from_data(TensorData::new(a, [r, in_dim]), (&device, DType::F32));
+        let b = Tensor::<B, 2>::from_data(TensorData::new(b, [out_dim, r]), (&device, DType::F32));
+        Some(Lora {
+            a: Param::from_tensor(a),
+            b: Param::from_tensor(b),
+            scaling: self.config.scaling(),
+            dropout: self.config.dropout,
+        })
+    }
+}
+
+/// The transformers module path of a checkpoint prefix (the inverse of [`normalize_name`] for the
+/// legacy Qwen-VL names): `model.layers.*` → `model.language_model.layers.*`, `visual.*` →
+/// `model.visual.*`; transformers-5 names and `lm_head` are kept.
+pub fn module_path(prefix: &str) -> String {
+    if prefix.starts_with("model.language_model.")
+        || prefix.starts_with("model.visual.")
+        || prefix.starts_with("model.vision_tower.")
+        || prefix.starts_with("model.embed_vision.")
+    {
+        prefix.to_string()
+    } else if let Some(rest) = prefix.strip_prefix("visual.") {
+        format!("model.visual.{rest}")
+    } else if let Some(rest) = prefix.strip_prefix("model.") {
+        format!("model.language_model.{rest}")
+    } else {
+        prefix.to_string()
+    }
+}
+
+/// PEFT's key prefix of a module's adapter weights.
+const PEFT_PREFIX: &str = "base_model.model.";
+
+/// One adapter to write: module prefix and host `(shape, values)` of A and B.
+pub struct AdapterTensors {
+    pub module: String,
+    pub a: (Vec<usize>, Vec<f32>),
+    pub b: (Vec<usize>, Vec<f32>),
+}
+
+/// Writes `dir/adapter_config.json` and `dir/adapter_model.safetensors` (F32) in PEFT's layout;
+/// `base_model` goes into `base_model_name_or_path`.
+pub fn write_peft_adapter(
+    dir: &Path,
+    config: &LoraConfig,
+    adapters: &[AdapterTensors],
+    base_model: &str,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut bytes: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for t in adapters {
+        let path = module_path(&t.module);
+        for (which, (shape, values)) in [("lora_A", &t.a), ("lora_B", &t.b)] {
+            bytes.push((
+                format!("{PEFT_PREFIX}{path}.{which}.weight"),
+                shape.clone(),
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ));
+        }
+    }
+    let views = bytes
+        .iter()
+        .map(|(name, shape, data)| {
+            Ok((
+                name.clone(),
+                safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), data)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let file = dir.join("adapter_model.safetensors");
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    safetensors::serialize_to_file(views, Some(meta), &file)
+        .with_context(|| format!("writing {}", file.display()))?;
+    // The adapted modules' full paths: PEFT matches an entry equal to a module's name exactly,
+    // so `from_pretrained` adapts these modules and no others (leaf names would also match the
+    // vision tower's `*_proj` modules of some families).
+    let targets: Vec<String> = adapters.iter().map(|t| module_path(&t.module)).collect();
+    let json = serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        "target_modules": targets,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "use_rslora": false,
+        "use_dora": false,
+        "init_lora_weights": true,
+        "inference_mode": true,
+        "modules_to_save": null,
+        "layers_to_transform": null,
+        "layers_pattern": null,
+        "lora_bias": false,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "revision": null,
+    });
+    let path = dir.join("adapter_config.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Reads a PEFT adapter directory: its config (rank, alpha, dropout, target modules) and weights.
+/// Refuses what flowrl does not implement (DoRA, rsLoRA, per-module ranks, adapted biases).
+pub fn read_peft_adapter(dir: &Path) -> Result<(LoraConfig, StoredAdapter)> {
+    let path = dir.join("adapter_config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let field = |k: &str| json.get(k).filter(|v| !v.is_null());
+    if let Some(t) = field("peft_type").and_then(|v| v.as_str()) {
+        ensure!(
+            t == "LORA",
+            "{}: peft_type `{t}` is not LORA",
+            path.display()
+        );
+    }
+    for flag in ["use_dora", "use_rslora", "fan_in_fan_out", "lora_bias"] {
+        ensure!(
+            field(flag).and_then(|v| v.as_bool()) != Some(true),
+            "{}: `{flag} = true` is not supported",
+            path.display()
+        );
+    }
+    for map in ["rank_pattern", "alpha_pattern"] {
+        if let Some(m) = field(map).and_then(|v| v.as_object()) {
+            ensure!(
+                m.is_empty(),
+                "{}: per-module `{map}` is not supported",
+                path.display()
+            );
+        }
+    }
+    if let Some(b) = field("bias").and_then(|v| v.as_str()) {
+        ensure!(
+            b == "none",
+            "{}: bias = \"{b}\" is not supported (only \"none\")",
+            path.display()
+        );
+    }
+    let rank = field("r")
+        .and_then(|v| v.as_u64())
+        .with_context(|| format!("{} has no integer `r`", path.display()))? as usize;
+    let alpha = field("lora_alpha")
+        .and_then(|v| v.as_f64())
+        .with_context(|| format!("{} has no number `lora_alpha`", path.display()))?;
+    let dropout = field("lora_dropout")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(0.0);
+    let target_modules = match field("target_modules") {
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .with_context(|| format!("{}: target_modules holds a non-string", path.display()))?,
+        _ => bail!("{} has no `target_modules`", path.display()),
+    };
+    let config = LoraConfig {
+        rank,
+        alpha,
+        dropout,
+        target_modules,
+    };
+    config
+        .validate()
+        .with_context(|| format!("in {}", path.display()))?;
+
+    let file = dir.join("adapter_model.safetensors");
+    let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("parsing safetensors {}", file.display()))?;
+    let mut a_parts = HashMap::new();
+    let mut b_parts = HashMap::new();
+    for (name, view) in st.tensors() {
+        let key = name.strip_prefix(PEFT_PREFIX).unwrap_or(&name);
+        let (module, which) = if let Some(m) = key
+            .strip_suffix(".lora_A.weight")
+            .or_else(|| key.strip_suffix(".lora_A.default.weight"))
+        {
+            (m, 'A')
+        } else if let Some(m) = key
+            .strip_suffix(".lora_B.weight")
+            .or_else(|| key.strip_suffix(".lora_B.default.weight"))
+        {
+            (m, 'B')
+        } else {
+            bail!(
+                "{}: tensor `{name}` is not a LoRA weight (lora_A/lora_B); modules_to_save and \
+                 trained biases are not supported",
+                file.display()
+            );
+        };
+        let values = host_f32(&view).with_context(|| format!("{}: {name}", file.display()))?;
+        let entry = (view.shape().to_vec(), values);
+        let module = normalize_name(module);
+        if which == 'A' {
+            a_parts.insert(module, entry);
+        } else {
+            b_parts.insert(module, entry);
+        }
+    }
+    let mut tensors = HashMap::new();
+    for (module, a) in a_parts {
+        let b = b_parts
+            .remove(&module)
+            .with_context(|| format!("{}: {module} has lora_A but no lora_B", file.display()))?;
+        tensors.insert(module, (a, b));
+    }
+    if let Some(module) = b_parts.keys().next() {
+        bail!("{}: {module} has lora_B but no lora_A", file.display());
+    }
+    ensure!(
+        !tensors.is_empty(),
+        "{} holds no adapter weights",
+        file.display()
+    );
+    Ok((
+        config,
+        StoredAdapter {
+            dir: dir.display().to_string(),
+            tensors,
+        },
+    ))
+}
+
+fn host_f32(view: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>> {
+    let data = view.data();
+    Ok(match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        other => bail!("unsupported dtype {other:?} (expected F32, BF16 or F16)"),
+    })
+}
+
+/// Passes every weight to the wrapped visitor with adapters folded in (the merged model).
+pub struct Merged<'a, V>(pub &'a mut V);
+
+impl<B: Backend, V: WeightVisitor<B>> WeightVisitor<B> for Merged<'_, V> {
+    fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
+        self.0.put(name, t)
+    }
+
+    fn put_buffer(&mut self, name: &str, shape: &[usize], values: &[f32]) {
+        self.0.put_buffer(name, shape, values)
+    }
+
+    fn merges_adapters(&self) -> bool {
+        true
+    }
+}
+
+/// Collects the adapters of a model (ignoring the base weights).
+#[derive(Default)]
+struct AdapterCollector {
+    host: Vec<AdapterTensors>,
+    ids: Vec<(String, ParamId, ParamId)>,
+    copy_values: bool,
+}
+
+impl<B: Backend> WeightVisitor<B> for AdapterCollector {
+    fn put<const D: usize>(&mut self, _name: &str, _t: Tensor<B, D>) {}
+
+    fn put_lora(&mut self, module: &str, lora: &Lora<B>) {
+        self.ids.push((module.to_string(), lora.a.id, lora.b.id));
+        if self.copy_values {
+            let host = |t: Tensor<B, 2>| {
+                let shape = t.dims().to_vec();
+                let values = t
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32 tensor data");
+                (shape, values)
+            };
+            self.host.push(AdapterTensors {
+                module: module.to_string(),
+                a: host(lora.a.val()),
+                b: host(lora.b.val()),
+            });
+        }
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads the Hugging Face directory `dir` with adapters attached to the linears `config`
+    /// matches (module doc), filled by `init`; the base weights in `precision` and frozen
+    /// (`require_grad` off: only the adapters, f32, get gradients and optimizer state). Returns
+    /// the model and the adapted module names. Targets that match nothing and stored adapters
+    /// that do not fit are errors.
+    pub fn load_adapted(
+        dir: &Path,
+        device: &B::Device,
+        precision: Precision,
+        config: &LoraConfig,
+        init: AdapterInit,
+    ) -> Result<(Self, Vec<String>)> {
+        config.validate()?;
+        let path = dir.join("config.json");
+        let config_json = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        // Targets and stored adapters are checked against a shape-only build before any weight
+        // is read.
+        {
+            let mut shapes = ShapeOnly::<B>::new(device, precision);
+            let mut dry = LoraSource::new(&mut shapes, config.clone(), init.clone());
+            Self::build_from(&config_json, &mut dry)
+                .with_context(|| format!("in {}", path.display()))?;
+            dry.finish()?;
+        }
+        let mut ckpt = Checkpoint::<B>::open(dir, device, precision)?;
+        let mut src = LoraSource::new(&mut ckpt, config.clone(), init);
+        let model = Self::build_from(&config_json, &mut src)
+            .with_context(|| format!("in {}", path.display()))?;
+        let adapted = src.finish()?;
+        ckpt.finish()?;
+        Ok((model.freeze_base(), adapted))
+    }
+
+    /// [`Model::load_adapted`] on random base weights drawn from `config_json` (tests,
+    /// benchmarks).
+    pub fn random_adapted(
+        config_json: &str,
+        device: &B::Device,
+        seed: u64,
+        precision: Precision,
+        config: &LoraConfig,
+        init: AdapterInit,
+    ) -> Result<(Self, Vec<String>)> {
+        config.validate()?;
+        let json: serde_json::Value = serde_json::from_str(config_json)?;
+        let std = json
+            .get("text_config")
+            .and_then(|t| t.get("initializer_range"))
+            .or_else(|| json.get("initializer_range"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(0.02) as f32;
+        let mut random = RandomInit::<B>::new(device, seed, std).with_precision(precision);
+        let mut src = LoraSource::new(&mut random, config.clone(), init);
+        let model = Self::build_from(config_json, &mut src)?;
+        let adapted = src.finish()?;
+        Ok((model.freeze_base(), adapted))
+    }
+
+    /// Whether any linear carries an adapter.
+    pub fn has_adapters(&self) -> bool {
+        !self.adapter_ids().is_empty()
+    }
+
+    /// `(module, A's id, B's id)` of every adapter, in build order.
+    pub fn adapter_ids(&self) -> Vec<(String, ParamId, ParamId)> {
+        let mut c = AdapterCollector::default();
+        self.export(&mut c);
+        c.ids
+    }
+
+    /// Host copies of every adapter (for writing them in PEFT's layout).
+    pub fn adapters(&self) -> Vec<AdapterTensors> {
+        let mut c = AdapterCollector {
+            copy_values: true,
+            ..Default::default()
+        };
+        self.export(&mut c);
+        c.host
+    }
+
+    /// Every parameter but the adapters' with `require_grad` off.
+    pub fn freeze_base(self) -> Self {
+        let keep: HashSet<ParamId> = self
+            .adapter_ids()
+            .into_iter()
+            .flat_map(|(_, a, b)| [a, b])
+            .collect();
+        struct Freeze(HashSet<ParamId>);
+        impl<B: Backend> ModuleMapper<B> for Freeze {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D>>,
+            ) -> Param<Tensor<B, D>> {
+                if self.0.contains(&param.id) {
+                    param
+                } else {
+                    param.set_require_grad(false)
+                }
+            }
+        }
+        self.map(&mut Freeze(keep))
+    }
+
+    /// The base model's function: every adapter's `B` replaced by zeros, so each adapted linear
+    /// computes `x·Wᵀ + b + 0` — exactly the base's output, with no copy of the base weights (a
+    /// reference model `from` a LoRA policy).
+    pub fn adapters_off(self) -> Self {
+        let bs: HashSet<ParamId> = self.adapter_ids().into_iter().map(|(_, _, b)| b).collect();
+        struct Zero(HashSet<ParamId>);
+        impl<B: Backend> ModuleMapper<B> for Zero {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D>>,
+            ) -> Param<Tensor<B, D>> {
+                if self.0.contains(&param.id) {
+                    param.map(|t| t.zeros_like())
+                } else {
+                    param
+                }
+            }
+        }
+        self.map(&mut Zero(bs))
+    }
+
+    /// Replaces the adapters' values by those of `stored` (restoring a checkpoint or loading a
+    /// PEFT adapter into an adapted model), parameter ids kept; an error when a module is
+    /// missing from `stored` or its shapes differ.
+    pub fn set_adapters(self, mut stored: StoredAdapter) -> Result<Self> {
+        let device = self.devices().into_iter().next();
+        let mut values: HashMap<ParamId, TensorData> = HashMap::new();
+        let mut problems = Vec::new();
+        let ids = self.adapter_ids();
+        let shapes: HashMap<ParamId, Vec<usize>> = {
+            struct Shapes(HashMap<ParamId, Vec<usize>>);
+            impl<B: Backend> ModuleVisitor<B> for Shapes {
+                fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                    self.0
+                        .insert(param.id, param.lazy_shape().dims::<D>().to_vec());
+                }
+            }
+            let mut s = Shapes(HashMap::new());
+            self.visit(&mut s);
+            s.0
+        };
+        for (module, a, b) in &ids {
+            match stored.tensors.remove(&normalize_name(module)) {
+                None => problems.push(format!("no weights for module {module}")),
+                Some(((sa, va), (sb, vb))) => {
+                    if shapes.get(a) != Some(&sa) || shapes.get(b) != Some(&sb) {
+                        problems.push(format!(
+                            "module {module}: lora_A {sa:?} and lora_B {sb:?}, the model has {:?} and {:?}",
+                            shapes.get(a),
+                            shapes.get(b)
+                        ));
+                        continue;
+                    }
+                    values.insert(*a, TensorData::new(va, sa));
+                    values.insert(*b, TensorData::new(vb, sb));
+                }
+            }
+        }
+        if !stored.tensors.is_empty() {
+            problems.push(format!(
+                "{} module(s) of the adapter are not adapted in this model (e.g. {})",
+                stored.tensors.len(),
+                stored.tensors.keys().next().expect("non-empty")
+            ));
+        }
+        ensure!(
+            problems.is_empty(),
+            "the adapter in {} does not fit this model:\n  {}",
+            stored.dir,
+            problems.join("\n  ")
+        );
+        let Some(device) = device else {
+            return Ok(self);
+        };
+        struct Set<B: Backend>(HashMap<ParamId, TensorData>, B::Device);
+        impl<B: Backend> ModuleMapper<B> for Set<B> {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D>>,
+            ) -> Param<Tensor<B, D>> {
+                match self.0.remove(&param.id) {
+                    Some(data) => {
+                        let device = self.1.clone();
+                        param.map(|t| {
+                            let require_grad = t.is_require_grad();
+                            let dtype = t.dtype();
+                            Tensor::from_data(data, (&device, dtype)).set_require_grad(require_grad)
+                        })
+                    }
+                    None => param,
+                }
+            }
+        }
+        Ok(self.map(&mut Set::<B>(values, device)))
+    }
+
+    /// Writes the adapters in PEFT's layout into `dir` ([`write_peft_adapter`]).
+    pub fn save_adapter(&self, dir: &Path, config: &LoraConfig, base_model: &str) -> Result<()> {
+        let adapters = self.adapters();
+        ensure!(!adapters.is_empty(), "the model has no LoRA adapters");
+        write_peft_adapter(dir, config, &adapters, base_model)
+    }
+
+    /// Writes the model with every adapter folded into its base weight (`W + s·B·A`) as a
+    /// Hugging Face directory loadable without PEFT, each weight converted to `precision` (its
+    /// own dtype when `None`), streamed shard by shard like [`Model::save_as`].
+    pub fn save_merged_as(
+        &self,
+        dir: &Path,
+        max_shard_bytes: Option<usize>,
+        precision: Option<Precision>,
+    ) -> Result<()> {
+        self.save_streamed(dir, max_shard_bytes, precision, true)
+    }
+}
