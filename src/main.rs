@@ -1,6 +1,8 @@
 //! `flowrl`: the command-line front end. It parses arguments and delegates: the engine's commands
 //! (`run`, `validate`, `graph`, `nodes`, `plot`) run with every built-in node kind registered;
-//! `flowrl data` belongs to the datasets crate.
+//! `flowrl data` belongs to the datasets crate; `flowrl generate` (one response from a checkpoint,
+//! through the rollout node's code) is [`generate`]; `flowrl export` (a checkpoint's model as a
+//! Hugging Face directory, a LoRA model as a PEFT adapter plus the merged model) is [`export`].
 
 // Linking the nodes crate registers its node and resource kinds (inventory).
 extern crate flowrl_nodes;
@@ -9,6 +11,9 @@ use clap::{Parser, Subcommand};
 use flowrl_engine::Registry;
 use flowrl_engine::cli::{Command, execute};
 use std::process::ExitCode;
+
+mod export;
+mod generate;
 
 /// flowrl: reinforcement-learning post-training of vision-language models, described as graphs of
 /// typed nodes in TOML.
@@ -29,6 +34,11 @@ enum Top {
     /// Look at prompt files and regenerate the embedded task (`flowrl data --help`).
     #[command(subcommand)]
     Data(flowrl_datasets::cli::DataCommand),
+    /// Generate one response from a checkpoint for a prompt (and images), without a graph.
+    Generate(generate::GenerateArgs),
+    /// Write a trained model of a run's checkpoint as a Hugging Face directory (for a LoRA
+    /// model: the PEFT adapter and the merged model).
+    Export(export::ExportArgs),
 }
 
 /// mimalloc keeping freed memory: see `flowrl_nodes::allocator` (25–35 % of an update's time
@@ -48,5 +58,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Top::Generate(args) => generate::run(args),
+        Top::Export(args) => export::run(args),
     }
 }

@@ -46,6 +46,8 @@ fn help_explains_the_commands() {
         "plot",
         "data",
         "orchestrator",
+        "generate",
+        "export",
     ] {
         assert!(h.contains(&format!("\n  {cmd} ")), "{h}");
     }

@@ -159,6 +159,17 @@ impl Serialize for PromptBatch {
 }
 
 impl PromptBatch {
+    /// A batch of `prompts` that `encoder` encoded (drawn from `epoch`): rows are padded with the
+    /// encoder's pad token (id 0 when it has none), images stand for its image token.
+    pub fn encoded_by(encoder: &PromptEncoder, prompts: Vec<Prompt>, epoch: u64) -> Self {
+        Self {
+            prompts,
+            pad_token_id: encoder.pad_token_id.unwrap_or(0),
+            image_token_id: encoder.image_token_id(),
+            epoch,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.prompts.len()
     }
@@ -480,11 +491,6 @@ impl PromptDataset {
                 source: row.source.clone(),
             });
         }
-        Ok(PromptBatch {
-            prompts,
-            pad_token_id: self.encoder.pad_token_id.unwrap_or(0),
-            image_token_id: self.encoder.image_token_id(),
-            epoch,
-        })
+        Ok(PromptBatch::encoded_by(&self.encoder, prompts, epoch))
     }
 }

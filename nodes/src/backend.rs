@@ -78,6 +78,12 @@ impl BackendKind {
             ),
         }
     }
+
+    /// The precision a model on this backend computes in when its resource names none
+    /// ([`FlowBackend::default_precision`]).
+    pub fn default_precision(self) -> Precision {
+        crate::backend::on_backend!(self, B => B::default_precision())
+    }
 }
 
 /// What the nodes need of a backend beyond burn's traits: the burn device of a [`DeviceSpec`]

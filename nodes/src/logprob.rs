@@ -148,7 +148,7 @@ fn log_probs_on<B: FlowBackend>(
     with_entropy: bool,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
-    let infer = model.lock::<B>()?.inference_model();
+    let infer = model.inference_model::<B>()?;
     let (b, t) = (rollouts.len(), rollouts.response_len());
     // A gathered row: [log-probs (t) | entropies (t) when asked].
     let width = if with_entropy { 2 * t } else { t };

@@ -13,11 +13,16 @@
 //! created one, and update counters. Nodes share it through the engine's resources and lock it for
 //! the time of their work.
 //!
+//! LoRA (`lora = { rank = 16, alpha = 32, target_modules = ["q_proj", ...] }`, see
+//! [`flowrl_models::lora`] for the semantics): the base weights are loaded frozen in the compute
+//! precision and only the adapters (f32) are trained; a `from` copy of a LoRA model is the same
+//! weights with the adapters switched off (no second copy), verl's reference for LoRA actors.
+//!
 //! Checkpoints ([`ResourceKind::save`]) write `model/` in the Hugging Face layout (config.json +
-//! safetensors, loadable by transformers and by this kind), `optimizer.safetensors` (AdamW moments)
-//! and `state.json` (counters). A frozen copy (`from`) saves nothing: the engine builds every
-//! resource from the graph before it restores a checkpoint, so the copy is taken from the source's
-//! initial weights again.
+//! safetensors, loadable by transformers and by this kind) — for a LoRA model `adapter/` in PEFT's
+//! layout instead —, `optimizer.safetensors` (AdamW moments) and `state.json` (counters). A frozen
+//! copy (`from`) saves nothing: the engine builds every resource from the graph before it restores
+//! a checkpoint, so the copy is taken from the source's initial weights again.
 //!
 //! Load-time checks: the directory exists and holds `config.json`; the tokenizer's vocabulary fits
 //! the model's embedding table (a mismatch means tokenizer and weights come from different models).
@@ -33,6 +38,7 @@ use flowrl_engine::{
     ValidateCtx,
 };
 use flowrl_models::Model;
+use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter};
 use flowrl_models::weights::Precision;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
@@ -52,7 +58,8 @@ pub struct UpdateCounters {
 /// The mutable part of a model resource, on backend `B`.
 pub struct ModelState<B: FlowBackend> {
     /// The weights in f32 (the master weights under mixed precision), or in `precision` for a
-    /// frozen copy (it is never updated).
+    /// frozen model (it is never updated) and for the frozen base of a LoRA model (whose
+    /// adapters are f32).
     pub model: Model<B>,
     /// Created by the first update node that trains this model; its moments are f32.
     pub optimizer: Option<AdamW<B>>,
@@ -105,9 +112,14 @@ pub struct ModelResource {
     pub tokenizer: Option<Arc<Tokenizer>>,
     /// The device the weights live on.
     pub device: DeviceSpec,
+    /// The adapters' configuration of a LoRA model.
+    pub lora: Option<LoraConfig>,
+    /// A `from` copy of a LoRA model: the shared weights with the adapters switched off.
+    adapters_off: bool,
     backend: BackendKind,
-    /// A `Mutex<ModelState<B>>` for the backend `backend` names.
-    state: Box<dyn Any + Send + Sync>,
+    /// A `Mutex<ModelState<B>>` for the backend `backend` names (shared by a LoRA model and its
+    /// adapter-off copies).
+    state: Arc<dyn Any + Send + Sync>,
 }
 
 impl ModelResource {
@@ -115,6 +127,8 @@ impl ModelResource {
     /// compute in `precision` (`None`: the backend's default). With `random_seed`, the weights
     /// are not read: they are drawn from the directory's config.json (`Model::random`), which is
     /// how the tiny default model starts its SFT warm start.
+    /// A trainable model keeps f32 master weights; a frozen one is held in the compute
+    /// precision.
     pub fn load(
         name: &str,
         dir: &Path,
@@ -122,6 +136,20 @@ impl ModelResource {
         random_seed: Option<u64>,
         device: DeviceSpec,
         precision: Option<Precision>,
+    ) -> Result<Self> {
+        Self::load_with_lora(name, dir, trainable, random_seed, device, precision, None)
+    }
+
+    /// [`ModelResource::load`], with LoRA adapters when `lora` is given: the base weights are
+    /// then frozen in the compute precision, and the adapters (f32) filled as `AdapterInit` says.
+    pub fn load_with_lora(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        random_seed: Option<u64>,
+        device: DeviceSpec,
+        precision: Option<Precision>,
+        lora: Option<(LoraConfig, AdapterInit)>,
     ) -> Result<Self> {
         ensure!(
             dir.is_dir(),
@@ -170,18 +198,38 @@ impl ModelResource {
                  use precision = \"f32\"",
                 precision_name(precision)
             );
-            let model = match random_seed {
-                None => Model::<B>::load(dir, &burn_device)
-                    .with_context(|| format!("model `{name}`: loading {}", dir.display()))?,
-                Some(seed) => {
-                    let config = std::fs::read_to_string(dir.join("config.json"))?;
-                    Model::<B>::random(&config, &burn_device, seed).with_context(|| {
-                        format!("model `{name}`: random init from {}", dir.display())
-                    })?
+            let config_json = || std::fs::read_to_string(dir.join("config.json"));
+            let context = || match random_seed {
+                None => format!("model `{name}`: loading {}", dir.display()),
+                Some(_) => format!("model `{name}`: random init from {}", dir.display()),
+            };
+            let (model, lora) = match lora {
+                Some((config, init)) => {
+                    let (model, _) = match random_seed {
+                        None => Model::<B>::load_adapted(dir, &burn_device, precision, &config, init),
+                        Some(seed) => Model::<B>::random_adapted(
+                            &config_json()?, &burn_device, seed, precision, &config, init,
+                        ),
+                    }
+                    .with_context(context)?;
+                    (model, Some(config))
+                }
+                None => {
+                    let weights = if trainable { Precision::F32 } else { precision };
+                    let model = match random_seed {
+                        None => Model::<B>::load_with_precision(dir, &burn_device, weights),
+                        Some(seed) => Model::<B>::random_with_precision(
+                            &config_json()?, &burn_device, seed, weights,
+                        ),
+                    }
+                    .with_context(context)?;
+                    (model, None)
                 }
             };
             let state = ModelState::new(model, burn_device, precision);
-            Ok(Self::from_state(name, dir, trainable, tokenizer, device, state))
+            let mut resource = Self::from_state(name, dir, trainable, tokenizer, device, state);
+            resource.lora = lora;
+            Ok(resource)
         })
     }
 
@@ -200,8 +248,10 @@ impl ModelResource {
             trainable,
             tokenizer,
             device,
+            lora: None,
+            adapters_off: false,
             backend: B::KIND,
-            state: Box::new(Mutex::new(state)),
+            state: Arc::new(Mutex::new(state)),
         }
     }
 
@@ -211,8 +261,22 @@ impl ModelResource {
     }
 
     /// A frozen copy of this resource's current weights, held in its compute precision (a
-    /// frozen model needs no f32 masters).
+    /// frozen model needs no f32 masters). Of a LoRA model: its own weights, shared, with the
+    /// adapters switched off (the base model), not a copy.
     pub fn frozen_copy(&self, name: &str) -> Result<Self> {
+        if self.lora.is_some() {
+            return Ok(Self {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+                trainable: false,
+                tokenizer: self.tokenizer.clone(),
+                device: self.device,
+                lora: None,
+                adapters_off: true,
+                backend: self.backend,
+                state: self.state.clone(),
+            });
+        }
         on_backend!(self.backend, B => {
             let s = self.lock::<B>()?;
             let precision = s.precision;
@@ -244,6 +308,17 @@ impl ModelResource {
         Ok(state.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// The model without autodiff in the compute precision, as this resource computes it (the
+    /// base alone for an adapter-off copy): generation, log-probs without gradients.
+    pub fn inference_model<B: FlowBackend>(&self) -> Result<Model<B::InnerBackend>> {
+        let model = self.lock::<B>()?.inference_model();
+        Ok(if self.adapters_off {
+            model.adapters_off()
+        } else {
+            model
+        })
+    }
+
     /// The tokenizer, or an error naming the model directory.
     pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>> {
         self.tokenizer.as_ref().ok_or_else(|| {
@@ -262,7 +337,13 @@ impl ModelResource {
         }
         on_backend!(self.backend, B => {
             let s = self.lock::<B>()?;
-            s.model.save(&dir.join("model"), None)?;
+            match &self.lora {
+                Some(config) => {
+                    let base = std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
+                    s.model.save_adapter(&dir.join("adapter"), config, &base.display().to_string())?
+                }
+                None => s.model.save(&dir.join("model"), None)?,
+            }
             if let Some(opt) = &s.optimizer {
                 opt.save(&dir.join("optimizer.safetensors"))?;
             }
@@ -276,9 +357,10 @@ impl ModelResource {
             "tokenizer_config.json",
             "chat_template.jinja",
             "preprocessor_config.json",
+            "generation_config.json",
         ] {
             let src = self.dir.join(file);
-            if src.is_file() {
+            if src.is_file() && self.lora.is_none() {
                 std::fs::copy(&src, dir.join("model").join(file))
                     .with_context(|| format!("copying {}", src.display()))?;
             }
@@ -295,8 +377,20 @@ impl ModelResource {
             let mut s = self.lock::<B>()?;
             #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
             let device = s.device.clone();
-            s.model = Model::<B>::load(&dir.join("model"), &device)
-                .with_context(|| format!("model `{}`: restoring {}", self.name, dir.display()))?;
+            let restoring = || format!("model `{}`: restoring {}", self.name, dir.display());
+            s.model = match &self.lora {
+                Some(config) => {
+                    let (stored_config, stored) =
+                        read_peft_adapter(&dir.join("adapter")).with_context(restoring)?;
+                    ensure!(
+                        stored_config.rank == config.rank && stored_config.alpha == config.alpha,
+                        "model `{}`: the checkpoint's adapter has rank {} and alpha {}, the graph says rank {} and alpha {}",
+                        self.name, stored_config.rank, stored_config.alpha, config.rank, config.alpha
+                    );
+                    s.model.clone().set_adapters(stored).with_context(restoring)?
+                }
+                None => Model::<B>::load(&dir.join("model"), &device).with_context(restoring)?,
+            };
             let opt_path = dir.join("optimizer.safetensors");
             if opt_path.is_file() {
                 let mut opt = s
@@ -326,6 +420,42 @@ struct ModelParams {
     trainable: Option<bool>,
     precision: Option<String>,
     init: String,
+    lora: Option<LoraParams>,
+}
+
+/// The `lora` table (PEFT's names: `r` → `rank`, `lora_alpha` → `alpha`, `lora_dropout` →
+/// `dropout`; defaults as verl's `actor_rollout_ref.model.lora_*`).
+#[derive(Deserialize)]
+struct LoraParams {
+    rank: Option<usize>,
+    alpha: f64,
+    dropout: f64,
+    target_modules: Vec<String>,
+    /// A PEFT adapter directory to start from (its adapter_config.json sets rank, alpha,
+    /// dropout and target modules).
+    adapter: Option<PathBuf>,
+}
+
+impl LoraParams {
+    /// The adapters' configuration and how to fill them (`seed` for fresh ones).
+    fn resolve(self, seed: u64) -> Result<(LoraConfig, AdapterInit)> {
+        match self.adapter {
+            Some(dir) => {
+                let (config, stored) = read_peft_adapter(&dir)?;
+                Ok((config, AdapterInit::Stored(stored)))
+            }
+            None => {
+                let config = LoraConfig {
+                    rank: self.rank.context("lora needs `rank` (or `adapter`)")?,
+                    alpha: self.alpha,
+                    dropout: self.dropout,
+                    target_modules: self.target_modules,
+                };
+                config.validate()?;
+                Ok((config, AdapterInit::Fresh(seed)))
+            }
+        }
+    }
 }
 
 /// The name a graph gives `precision`.
@@ -348,18 +478,33 @@ impl ResourceKind for ModelKind {
 
     fn doc(&self) -> &str {
         "A model loaded from a Hugging Face directory (`path`), or a frozen copy of another model \
-         resource's initial weights (`from`). Checkpoints save trainable models in the Hugging Face \
-         layout plus their AdamW state."
+         resource's initial weights (`from`); `lora` trains adapters on a frozen base. Checkpoints \
+         save trainable models in the Hugging Face layout (LoRA models: the adapter in PEFT's \
+         layout) plus their AdamW state."
     }
 
     fn params(&self) -> Vec<ParamSpec> {
         vec![
             ParamSpec::path("path").doc("Hugging Face model directory (config.json, safetensors, tokenizer)"),
-            ParamSpec::resource("from", "model").doc("copy this model resource's initial weights, frozen"),
+            ParamSpec::resource("from", "model").doc("copy this model resource's initial weights, frozen (of a LoRA model: its base, the same weights with the adapters off)"),
             ParamSpec::bool("trainable").doc("whether update nodes may train it (default: true for `path`, false for `from`)"),
             ParamSpec::one_of("init", &["pretrained", "random"])
                 .default("pretrained")
                 .doc("`random`: ignore the weight files and draw weights from config.json (seeded by the run seed)"),
+            ParamSpec::table(
+                "lora",
+                vec![
+                    ParamSpec::int("rank").min(1.0).doc("the adapters' rank r (PEFT `r`, verl `lora_rank`)"),
+                    ParamSpec::float("alpha").default(16.0).gt(0.0).doc("scaling alpha / rank (PEFT `lora_alpha`)"),
+                    ParamSpec::float("dropout").default(0.0).min(0.0).lt(1.0).doc("dropout on the adapters' input while training (PEFT `lora_dropout`)"),
+                    ParamSpec::array("target_modules", flowrl_engine::ParamType::String)
+                        .default(serde_json::json!([flowrl_models::lora::ALL_LINEAR]))
+                        .doc("linear modules to adapt, matched by name suffix as PEFT does (\"q_proj\" adapts every *.q_proj); \"all-linear\" = every linear but lm_head; the vision tower only when an entry names it (\"visual.\" / \"model.vision_tower.\" prefixes)"),
+                    ParamSpec::path("adapter").doc("start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors); it sets rank, alpha, dropout and target_modules"),
+                ],
+            )
+            .switch()
+            .doc("train LoRA adapters instead of every weight: the base stays frozen in the compute precision, only the adapters (f32) have gradients and optimizer state; checkpoints hold the adapter in PEFT's layout"),
             ParamSpec::one_of("precision", &["f32", "bf16"])
                 .doc("precision of the forward passes: bf16 = mixed precision (bf16 weights, activations and matmuls; f32 norms, softmax, log-probs, losses, master weights and AdamW moments); default f32 on CPU and Vulkan, bf16 on CUDA"),
         ]
@@ -392,6 +537,30 @@ impl ResourceKind for ModelKind {
                 if p.get_bool("trainable") == Some(true) {
                     out.push(ctx.error("trainable", "a `from` copy is frozen; load the directory with `path` to train it"));
                 }
+                if p.get("lora").is_some() {
+                    out.push(ctx.error("lora", "a `from` copy of a LoRA model already is its base (adapters off); give `lora` to the model it copies"));
+                }
+            }
+        }
+        if p.get("lora").is_some() {
+            match (p.get_path("lora.rank"), p.get_str("lora.adapter")) {
+                (None, None) => out.push(ctx.error(
+                    "lora",
+                    "lora needs `rank = <r>` (e.g. 16), or `adapter = \"<PEFT adapter directory>\"` to start from one",
+                )),
+                (Some(_), Some(_)) => out.push(ctx.error(
+                    "lora.rank",
+                    "give either `rank` (fresh adapters) or `adapter` (whose adapter_config.json sets the rank), not both",
+                )),
+                (None, Some(dir)) => {
+                    if !Path::new(dir).join("adapter_config.json").is_file() {
+                        out.push(ctx.error(
+                            "lora.adapter",
+                            format!("`{dir}` has no adapter_config.json: not a PEFT adapter directory"),
+                        ));
+                    }
+                }
+                (Some(_), None) => {}
             }
         }
         out
@@ -404,7 +573,14 @@ impl ResourceKind for ModelKind {
                 let seed = (p.init == "random").then(|| ctx.init_seed());
                 let trainable = p.trainable.unwrap_or(true);
                 let precision = p.precision.as_deref().map(Precision::parse).transpose()?;
-                ModelResource::load(&ctx.node, &path, trainable, seed, ctx.device, precision)?
+                let lora = p
+                    .lora
+                    .map(|l| l.resolve(flowrl_engine::derive_seed(ctx.init_seed(), 0, "lora")))
+                    .transpose()
+                    .with_context(|| format!("model `{}`: lora", ctx.node))?;
+                ModelResource::load_with_lora(
+                    &ctx.node, &path, trainable, seed, ctx.device, precision, lora,
+                )?
             }
             (None, Some(from)) => {
                 let source = ctx.resource::<ModelResource>(&from)?;

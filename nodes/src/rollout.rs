@@ -217,9 +217,8 @@ impl Node for RolloutNode {
 }
 
 /// Generates `params.n` responses per prompt (see the module doc), the prompts split over
-/// `replicas` ([`crate::data_parallel`]). Response `r` (prompt `r / n`, sample `r % n`) draws from
-/// its own RNG, seeded from one draw of the step's RNG and `r`, so the responses do not depend on
-/// how the batch is split.
+/// `replicas` ([`crate::data_parallel`]): [`sample_rollouts_seeded`] with one draw of the step's
+/// RNG as the base seed.
 pub fn sample_rollouts(
     model: &ModelResource,
     prompts: &Arc<PromptBatch>,
@@ -228,14 +227,28 @@ pub fn sample_rollouts(
     replicas: &Replicas,
     ctx: &mut StepContext,
 ) -> Result<RolloutBatch> {
-    ensure!(!prompts.is_empty(), "the prompt batch is empty");
     let base_seed: u64 = ctx.rng().random();
+    sample_rollouts_seeded(model, prompts, params, stop_ids, replicas, base_seed)
+}
+
+/// [`sample_rollouts`] outside a graph step (`flowrl generate`): response `r` (prompt `r / n`,
+/// sample `r % n`) draws from its own RNG, seeded from `base_seed` and `r`, so the responses do
+/// not depend on how the batch is split. Greedy decoding draws nothing.
+pub fn sample_rollouts_seeded(
+    model: &ModelResource,
+    prompts: &Arc<PromptBatch>,
+    params: &RolloutParams,
+    stop_ids: &[u32],
+    replicas: &Replicas,
+    base_seed: u64,
+) -> Result<RolloutBatch> {
+    ensure!(!prompts.is_empty(), "the prompt batch is empty");
     on_backend!(model.backend(), B => {
         sample_on::<B>(model, prompts, params, stop_ids, replicas, base_seed)
     })
 }
 
-/// [`sample_rollouts`] on the model's backend `B`, the step's RNG having drawn `base_seed`.
+/// [`sample_rollouts_seeded`] on the model's backend `B`.
 fn sample_on<B: FlowBackend>(
     model: &ModelResource,
     prompts: &Arc<PromptBatch>,
@@ -246,7 +259,7 @@ fn sample_on<B: FlowBackend>(
 ) -> Result<RolloutBatch> {
     let n = params.n;
     let tokenizer = model.tokenizer()?.clone();
-    let infer = model.lock::<B>()?.inference_model();
+    let infer = model.inference_model::<B>()?;
     let suppress = ModelParts::of(&infer)
         .vision
         .map(|v| vec![v.image_token_id()])

@@ -45,7 +45,7 @@ use flowrl_algorithms::{
 };
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    PortType, StepContext, ValidateCtx,
+    PortType, StepContext, ValidateCtx, derive_seed,
 };
 use serde::Deserialize;
 
@@ -60,6 +60,7 @@ use crate::train::{
 };
 use crate::validate::{upstream_batch_size, upstream_rollout_n};
 use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
+use flowrl_models::lora::DropoutScope;
 use flowrl_models::weights::Precision;
 
 /// The `update.ppo` kind.
@@ -397,10 +398,15 @@ impl PpoUpdateNode {
         let precision = state.precision;
         let rows: Vec<usize> = (0..b).collect();
         let world = self.replicas.world();
-        for _epoch in 0..self.p.ppo_epochs {
-            for mini in rows.chunks(mini_rows) {
+        let dropout_base = ctx.derive_seed("lora.dropout");
+        for epoch in 0..self.p.ppo_epochs {
+            for (k, mini) in rows.chunks(mini_rows).enumerate() {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
+                let mini_seed = derive_seed(dropout_base, (epoch * b + k) as u64, "mini-batch");
                 let step = replicated_grads(&self.replicas, &state.model, mini, |model, mine| {
+                    // LoRA dropout masks: one stream per (step, epoch, mini-batch, replica shard).
+                    let first = mine.first().map_or(u64::MAX, |&r| r as u64);
+                    let _scope = DropoutScope::enter(derive_seed(mini_seed, first, "rows"));
                     self.mini_batch_grads(
                         model, precision, rollouts, adv, old, reference, &info, mine, micro_rows,
                     )

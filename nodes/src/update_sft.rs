@@ -27,7 +27,7 @@ use burn::prelude::{Backend, Tensor};
 use flowrl_algorithms::{GlobalBatchInfo, LossAggMode, agg_loss};
 use flowrl_engine::{
     BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, PortType,
-    StepContext,
+    StepContext, derive_seed,
 };
 use serde::Deserialize;
 
@@ -40,6 +40,7 @@ use crate::train::{
     OptimParams, PartialStep, global_batch_info, guarded_step, optim_param_specs, replicated_grads,
 };
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, TokenMatrix, port_types};
+use flowrl_models::lora::DropoutScope;
 
 /// The `update.sft` kind.
 pub struct SftUpdateKind;
@@ -191,7 +192,11 @@ impl SftNode {
         let rows: Vec<usize> = (0..b).collect();
         let info = global_batch_info(batch, &rows, &self.replicas);
         let precision = state.precision;
+        let dropout_base = ctx.derive_seed("lora.dropout");
         let step = replicated_grads(&self.replicas, &state.model, &rows, |model, mine| {
+            // LoRA dropout masks: one stream per (step, replica shard).
+            let first = mine.first().map_or(u64::MAX, |&r| r as u64);
+            let _scope = DropoutScope::enter(derive_seed(dropout_base, first, "rows"));
             let device = device_of(model);
             let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
             let mut total = 0.0;

@@ -1,9 +1,10 @@
 //! Helpers shared by the end-to-end tests that run the default GRPO graph through the `flowrl`
-//! binary (main_job_grpo.rs, scale_out.rs, vulkan.rs).
+//! binary (main_job_grpo.rs, scale_out.rs, vulkan.rs, lora_graph.rs).
 
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::Path;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -11,6 +12,21 @@ use serde_json::Value;
 pub const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
 /// The default graph.
 pub const GRAPH: &str = "graphs/grpo_vlm.toml";
+
+/// Runs the binary in the repository root; panics with its stderr unless it succeeds.
+pub fn flowrl(args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .current_dir(root())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "flowrl {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
 
 /// The repository root (graphs and assets are relative to it).
 pub fn root() -> &'static Path {
