@@ -10,18 +10,33 @@
 # Steps, cheapest and most important first (budgets in seconds; a step may also use up to half
 # its budget again out of the time earlier steps left unused, the last step all of it, never the
 # time reserved for the steps after it):
-#   setup     20  GPU, CUDA libraries, Python modules, which precision parameter the build has
-#   fixtures  70  models/tests/cuda.rs (the models' fixture parity checks on CUDA), --test-threads 1
-#   default   80  graphs/grpo_vlm.toml, 20 steps on cuda
-#   prep      20  the benchmark's model (bench-make-model) and prompts (make_prompts.py)
-#   bench_flowrl 80  bench/grpo_bench.toml on cuda with bench/run.sh's settings
-#   bench_ref 70  bench/python/ref_rows.py --device cuda (transformers + torch, same shape)
-#   3b       130  bench/gpu/grpo_3b.toml: GRPO steps of a Qwen2.5-VL-3B-sized random model
+#   setup     15  GPU, CUDA libraries, Python modules, which precision parameter the build has
+#   fixtures  60  models/tests/cuda.rs (the models' fixture parity checks on CUDA), --test-threads 1
+#   default   70  graphs/grpo_vlm.toml, 20 steps on cuda
+#   prep      15  the benchmark's model (bench-make-model) and prompts (make_prompts.py)
+#   bench_flowrl 70  bench/grpo_bench.toml on cuda with bench/run.sh's settings
+#   bench_ref 60  bench/python/ref_rows.py --device cuda (transformers + torch, same shape)
+#   3b       110  bench/gpu/grpo_3b.toml: GRPO steps of a Qwen2.5-VL-3B-sized random model
+#   3b_lora   70  the same model and steps with LoRA (rank 16, alpha 32, all-linear, bf16 base)
+#                 and a reference `from = "policy"` (the base, adapters off) with a low_var_kl loss
+#
+# Budgets: 3b_lora (70 s) was added after 3b, and the 470 s of steps + 10 s summary were kept by
+# taking 20 s from 3b (130 -> 110) and 5-10 s from each earlier step (setup 20 -> 15, fixtures
+# 70 -> 60, default 80 -> 70, prep 20 -> 15, bench_flowrl 80 -> 70, bench_ref 70 -> 60). None of
+# these steps has been timed on the GPU yet, so the old budgets were guesses with room to spare,
+# and time a step leaves unused goes to the next ones. Drawing the 3.75 B random weights on one
+# host thread costs each 3B step about 100 s before its first GRPO step (142 s measured on a
+# 2.6 GHz EPYC core), so 3b_lora's 70 s are not enough by themselves. As the last step it also
+# gets all the time the earlier steps left unused. 3b (full fine-tuning) comes first because it
+# matters more. It can still use up to 165 s (1.5 x 110), which covers the draw and its first
+# step.
 #
 # Settings (environment): GPU_BUDGET_<step> (e.g. GPU_BUDGET_3b=200: one step's budget), OUT, GPU_CHECK_TOTAL_S (480), GPU_CHECK_PRECISION (f32: the precision of
 # the default and benchmark runs; bf16 runs both sides in bf16), BENCH_PROMPTS (8), BENCH_N (8),
 # BENCH_NEW (128), BENCH_MICRO (32), BENCH_REPS (3), BENCH_THREADS (nproc), GPU_3B_PROMPTS (4),
-# GPU_3B_N (4), GPU_3B_NEW (64), GPU_3B_STEPS (2), PYTHON (python3), binaries: FLOWRL_BIN,
+# GPU_3B_N (4), GPU_3B_NEW (64), GPU_3B_STEPS (2), GPU_3B_LORA_STEPS (GPU_3B_STEPS),
+# GPU_3B_LORA_RANK (16), GPU_3B_LORA_ALPHA (32), GPU_3B_LORA_REF (1; 0: no reference model and
+# no KL loss), PYTHON (python3), binaries: FLOWRL_BIN,
 # FLOWRL_MAKE_MODEL_BIN, FLOWRL_CUDA_TEST_BIN (else bench/gpu/bin/, unpacked from
 # bench/gpu/bin.tar.gz, else target/release/).
 set -uo pipefail
@@ -52,11 +67,30 @@ N3=${GPU_3B_N:-4}
 NEW3=${GPU_3B_NEW:-64}
 STEPS3=${GPU_3B_STEPS:-2}
 MICRO3=${GPU_3B_MICRO:-$((P3 * N3))}
+STEPS3L=${GPU_3B_LORA_STEPS:-$STEPS3}
+RANK3L=${GPU_3B_LORA_RANK:-16}
+ALPHA3L=${GPU_3B_LORA_ALPHA:-32}
+REF3L=${GPU_3B_LORA_REF:-1}
 work="$root/bench/work"
 model3="bench/gpu/qwen2_5_vl_3b"
 
-ORDER=(setup fixtures default prep bench_flowrl bench_ref 3b)
-declare -A BUDGET=([setup]=20 [fixtures]=70 [default]=80 [prep]=20 [bench_flowrl]=80 [bench_ref]=70 [3b]=130)
+# The sizes of both 3B steps (after `flowrl run bench/gpu/grpo_3b.toml`).
+SIZE3_SET=(--set nodes.data.batch_size="$P3" --set nodes.rollout.n="$N3" --set nodes.rollout.max_new_tokens="$NEW3"
+  --set nodes.update.mini_batch_size="$P3" --set nodes.update.micro_batch_size="$MICRO3")
+# What 3b_lora adds to them: the LoRA policy (only the adapters train; the base stays frozen in
+# the compute precision) and, as graphs/grpo_vlm_lora.toml does, a reference that is the base with
+# the adapters off (no copy of the weights), its log-probs and a low_var_kl loss. The learning
+# rate is that graph's LoRA rate. With grpo_3b.toml's 1e-6 the adapters would hardly move, and
+# the KL of step 2 would be too small to show that the reference differs from the trained policy.
+LORA3_SET=(--set "models.policy.lora={rank=$RANK3L, alpha=$ALPHA3L, target_modules=[\"all-linear\"]}" --set nodes.update.lr=3e-3)
+if [ "$REF3L" = 1 ]; then
+  LORA3_SET+=(--set 'models.reference={from="policy"}'
+    --set "nodes.ref={kind=\"logprob\", model=\"reference\", timing=\"ref\", inputs={rollouts=\"rollout.rollouts\"}, micro_batch_size=$MICRO3}"
+    --set nodes.update.inputs.ref_log_probs=ref.log_probs --set 'nodes.update.kl={estimator="low_var_kl", coef=0.001}')
+fi
+
+ORDER=(setup fixtures default prep bench_flowrl bench_ref 3b 3b_lora)
+declare -A BUDGET=([setup]=15 [fixtures]=60 [default]=70 [prep]=15 [bench_flowrl]=70 [bench_ref]=60 [3b]=110 [3b_lora]=70)
 declare -A TITLE=(
   [setup]="setup: GPU, CUDA libraries, Python modules, precision parameter"
   [fixtures]="1. fixture parity on CUDA (models/tests/cuda.rs)"
@@ -65,6 +99,7 @@ declare -A TITLE=(
   [bench_flowrl]="3. benchmark shape on cuda: flowrl"
   [bench_ref]="3. benchmark shape on cuda: transformers + torch"
   [3b]="4. GRPO step of a Qwen2.5-VL-3B-sized random model"
+  [3b_lora]="5. LoRA GRPO step of the 3B-sized model (rank $RANK3L, all-linear)"
 )
 budget_sum=0
 for s in "${ORDER[@]}"; do
@@ -308,6 +343,14 @@ EOF
       msg=$("$checker" validate $g --device cpu 2>&1 | tail -n 3 | tr '\n' ' ')
       echo "  ${msg% }"
     done
+    # 3b_lora's command line, every --set of the run (its data path is the shipped prompts here).
+    if msg=$("$checker" validate bench/gpu/grpo_3b.toml --device cpu "${SIZE3_SET[@]}" "${LORA3_SET[@]}" \
+      --set models.policy.precision=bf16 --set nodes.data.path=bench/gpu/prompts.parquet 2>&1); then
+      echo "  3b_lora's --set flags (sizes, LoRA$([ "$REF3L" = 1 ] && echo ', reference'), precision bf16): $(tail -n 1 <<< "$msg")"
+    else
+      echo "  WARNING: 3b_lora's --set flags do not validate:"
+      tail -n 12 <<< "$msg" | sed 's/^/    /'
+    fi
     cuda_msg=$("$checker" validate graphs/grpo_vlm.toml --device cuda 2>&1)
     if grep -q "built without CUDA" <<< "$cuda_msg"; then
       echo "  WARNING: $checker is built without CUDA (build it with --features cuda, see bench/gpu/README.md)"
@@ -528,21 +571,19 @@ header 3b
 SIZES3="$P3 prompts x n $N3, $NEW3 new tokens, micro-batch $MICRO3, $STEPS3 steps"
 data3=()
 [ -f "$work/prompts.parquet" ] || [ "$DRY" = 1 ] || data3=(--set nodes.data.path=bench/gpu/prompts.parquet)
-run3() { # OUT_DIR LOG NOTE PRECISION_SET...
-  local dir=$1 log=$2 note=$3
-  shift 3
-  run_step 3b "$log" "$note" \
+run3() { # STEP_ID STEPS OUT_DIR LOG NOTE SET...: flowrl run bench/gpu/grpo_3b.toml at SIZE3_SET
+  local id=$1 steps=$2 dir=$3 log=$4 note=$5
+  shift 5
+  run_step "$id" "$log" "$note" \
     env RAYON_NUM_THREADS="$THREADS" "${FLOWRL:-target/release/flowrl}" run bench/gpu/grpo_3b.toml \
-    --device cuda --out "$dir" --force --steps "$STEPS3" \
-    --set nodes.data.batch_size="$P3" --set nodes.rollout.n="$N3" --set nodes.rollout.max_new_tokens="$NEW3" \
-    --set nodes.update.mini_batch_size="$P3" --set nodes.update.micro_batch_size="$MICRO3" "${data3[@]}" "$@"
+    --device cuda --out "$dir" --force --steps "$steps" "${SIZE3_SET[@]}" "${data3[@]}" "$@"
 }
+retry=0
 if [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; then
   key=${PREC_KEY:-precision}
-  run3 "$OUT/3b" "$OUT/3b.log" "$SIZES3; bf16 (models.policy.$key=bf16)" --set "models.policy.$key=bf16"
+  run3 3b "$STEPS3" "$OUT/3b" "$OUT/3b.log" "$SIZES3; bf16 (models.policy.$key=bf16)" --set "models.policy.$key=bf16"
   # A configuration error (exit 78: no bf16 on this build), or a quick failure that names the
   # precision: rerun in f32.
-  retry=0
   if [ "$DRY" = 0 ] && [ "$STEP_RC" != 0 ] && [ "$STEP_RC" != 124 ] && [ "$STEP_RC" != 137 ] && [ "$STEP_RC" != 999 ]; then
     [ "$STEP_RC" = 78 ] && retry=1
     # (the log's first two lines are the command and its timeout)
@@ -561,10 +602,39 @@ if [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; then
   if [ "$retry" = 1 ] || [ "$DRY" = 1 ]; then
     if [ -n "$PREC_KEY" ]; then f32set=(--set "models.policy.$PREC_KEY=f32"); else f32set=(); fi
     [ "$DRY" = 1 ] && f32set=(--set "models.policy.precision=f32")
-    run3 "$OUT/3b_f32" "$OUT/3b_f32.log" "$SIZES3; f32 (bf16 attempt exited $STEP_RC)" "${f32set[@]}"
+    run3 3b "$STEPS3" "$OUT/3b_f32" "$OUT/3b_f32.log" "$SIZES3; f32 (bf16 attempt exited $STEP_RC)" "${f32set[@]}"
   fi
 else
   skip_step 3b "no flowrl binary"
+fi
+
+# --- 5. the 3B model with LoRA and an adapters-off reference ----------------------------------
+# The same graph, sizes and seed (random weights) as step 4, plus LORA3_SET. The base
+# weights are frozen in bf16, so only the adapters have gradients and AdamW moments. The
+# reference `from = "policy"` runs the policy's modules with the adapters off.
+header 3b_lora
+SIZES3L="$P3 prompts x n $N3, $NEW3 new tokens, micro-batch $MICRO3, $STEPS3L steps"
+if [ "$REF3L" = 1 ]; then
+  LORA3_NOTE="LoRA rank $RANK3L alpha $ALPHA3L all-linear, lr 3e-3; reference from policy (adapters off), low_var_kl 0.001"
+else
+  LORA3_NOTE="LoRA rank $RANK3L alpha $ALPHA3L all-linear, lr 3e-3; no reference (GPU_3B_LORA_REF=0)"
+fi
+if [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; then
+  # bf16, unless setup found no bf16 or step 4's bf16 attempt was refused (then f32, as step 4).
+  PREC3L=bf16
+  prec3l_set=(--set "models.policy.${PREC_KEY:-precision}=bf16")
+  if [ "$DRY" = 0 ] && [ -z "$PREC_KEY" ]; then
+    PREC3L="the build's default precision"
+    prec3l_set=()
+  elif [ "$DRY" = 0 ] && { [ "$BF16_OK" = 0 ] || [ "$retry" = 1 ]; }; then
+    PREC3L=f32
+    prec3l_set=(--set "models.policy.$PREC_KEY=f32")
+  fi
+  run3 3b_lora "$STEPS3L" "$OUT/3b_lora" "$OUT/3b_lora.log" "$SIZES3L; $PREC3L; $LORA3_NOTE" \
+    "${LORA3_SET[@]}" "${prec3l_set[@]}"
+  [ "$DRY" = 1 ] && echo "    (bf16 unless setup or step 4 found none; reported like step 4, plus timing_s/ref and actor/kl_loss)"
+else
+  skip_step 3b_lora "no flowrl binary"
 fi
 
 # --- the table ------------------------------------------------------------------------------
@@ -587,7 +657,8 @@ fi
   echo "P=$P"; echo "N=$N"; echo "NEW=$NEW"; echo "MICRO=$MICRO"; echo "MICRO_USED=$m"; echo "REPS=$REPS"
   echo "THREADS=$THREADS"; echo "PREC=$PREC"; echo "PREC_KEY=$PREC_KEY"; echo "BF16_OK=$BF16_OK"
   echo "TORCH_DTYPE=$TORCH_DTYPE"; echo "P3=$P3"; echo "N3=$N3"; echo "NEW3=$NEW3"; echo "STEPS3=$STEPS3"
-  echo "MICRO3=$MICRO3"; echo "TOTAL=$TOTAL"; echo "ELAPSED=$((SECONDS - T0))"; echo "REF_PROMPTS=$REF_PROMPTS"
+  echo "MICRO3=$MICRO3"; echo "STEPS3L=$STEPS3L"; echo "RANK3L=$RANK3L"; echo "ALPHA3L=$ALPHA3L"; echo "REF3L=$REF3L"
+  echo "PREC3L=${PREC3L:-}"; echo "TOTAL=$TOTAL"; echo "ELAPSED=$((SECONDS - T0))"; echo "REF_PROMPTS=$REF_PROMPTS"
 } > "$OUT/settings.txt"
 if [ -n "$PY" ] && timeout 30 "$PY" bench/gpu/summarize.py "$OUT" > "$OUT/summarize.log" 2>&1; then
   echo "== wrote $OUT/gpu.md"

@@ -203,21 +203,67 @@ def bench_section(out, st, flowrl_step, ref_step):
     return lines, short
 
 
-def qwen3b_section(out, st, steps):
+def rate(tokens, secs):
+    return tokens / secs if secs and secs == secs and secs > 0 else float("nan")
+
+
+def run3_table(out, st, rows, last, step_id, steps_run):
+    """The table of a 3B run (steps 4 and 5): its last finished step's rates, the wall time and
+    the peak memory. Returns the lines and the numbers the short line and step 5 use."""
+    r = rows[-1]
+    n_rows = int(st.get("P3", 0) or 0) * int(st.get("N3", 0) or 0)
+    resp = r.get("response_length/mean", float("nan"))
+    prompt = r.get("prompt_length/mean", float("nan"))
+    gen = r.get("timing_s/gen", float("nan"))
+    upd = r.get("timing_s/update_actor", float("nan"))
+    gen_tokens = n_rows * resp
+    total_steps = sum(series(rows, "timing_s/step"))
+    wall = float(last["wall"]) if last["wall"] else float("nan")
+    lines = [
+        "| metric | value |",
+        "|---|---:|",
+        f"| step reported | {r.get('step')} of {steps_run} run ({'the first: includes kernel compilation and autotuning' if r.get('step') == 1 else 'after a warm-up step'}) |",
+        f"| sequences | {n_rows} (prompt {fmt(prompt, 1)} tokens, response {fmt(resp, 1)} tokens, means) |",
+        f"| rollout `timing_s/gen` (s) | {fmt(gen, 2)} |",
+        f"| generated tokens/s (sequences × mean response length / gen) | {fmt(rate(gen_tokens, gen), 1)} |",
+    ]
+    if "timing_s/ref" in r:
+        lines.append(f"| reference log-probs `timing_s/ref` (s) | {fmt(r['timing_s/ref'], 2)} |")
+    lines += [
+        f"| update `timing_s/update_actor` (s) | {fmt(upd, 2)} |",
+        f"| trained tokens/s: response (loss) tokens / update | {fmt(rate(gen_tokens, upd), 1)} |",
+        f"| trained tokens/s: prompt + response tokens / update | {fmt(rate(n_rows * (prompt + resp), upd), 1)} |",
+        f"| `timing_s/step` (s) | {fmt(r.get('timing_s/step'), 2)} |",
+        f"| process wall time (s), incl. drawing the weights on the host and moving them | {fmt(wall, 1)} (steps: {fmt(total_steps, 1)}) |",
+        f"| peak GPU memory used (MiB, nvidia-smi every 0.5 s) | {last['peak'] or '–'} |",
+        f"| peak host RSS (MiB) | {peak_rss_mib(out, step_id) or '–'} |",
+    ]
+    nums = {"gen_rate": rate(gen_tokens, gen), "upd_rate": rate(gen_tokens, upd), "upd": upd, "gen": gen}
+    return lines, nums
+
+
+def qwen3b_result(out, st, steps):
+    """Step 4's attempts, run directory, precision and rows."""
     attempts = [s for s in steps if s["id"] == "3b"]
-    lines = ["## 4. One GRPO step of a Qwen2.5-VL-3B-sized random model (`bench/gpu/grpo_3b.toml`)", ""]
     if not attempts:
-        return lines + ["not run", ""], "not run"
-    last = attempts[-1]
-    run_dir = os.path.join(out, "3b_f32" if len(attempts) > 1 else "3b")
-    rows = metrics(run_dir)
+        return None
     precision = "bf16" if len(attempts) == 1 else "f32"
+    if not st.get("PREC_KEY") and len(attempts) > 1:
+        precision = "the build's default precision (no precision parameter)"
+    run_dir = os.path.join(out, "3b_f32" if len(attempts) > 1 else "3b")
+    return {"attempts": attempts, "last": attempts[-1], "precision": precision, "rows": metrics(run_dir)}
+
+
+def qwen3b_section(out, st, steps):
+    res = qwen3b_result(out, st, steps)
+    lines = ["## 4. One GRPO step of a Qwen2.5-VL-3B-sized random model (`bench/gpu/grpo_3b.toml`)", ""]
+    if not res:
+        return lines + ["not run", ""], "not run"
+    attempts, last, precision, rows = res["attempts"], res["last"], res["precision"], res["rows"]
     why = ""
     if len(attempts) > 1:
         said = [ln for ln in read(attempts[0]["log"]).splitlines()[2:] if ln.strip()]
         why = f" (the bf16 attempt exited {attempts[0]['rc']}: `{said[0].strip() if said else 'no output'}`)"
-    if not st.get("PREC_KEY") and len(attempts) > 1:
-        precision = "the build's default precision (no precision parameter)"
     lines += [
         "Qwen2.5-VL-3B-Instruct's architecture (`bench/gpu/qwen2_5_vl_3b/config.json`: text 36 layers, hidden 2048, "
         "MLP 11008, 16 heads / 2 KV heads, vocab 151936, tied embeddings; vision 32 blocks, width 1280, window "
@@ -231,36 +277,71 @@ def qwen3b_section(out, st, steps):
     ]
     if not rows:
         return lines + ["no step finished (see the step's log below)", ""], f"no step finished ({last['status']})"
-    r = rows[-1]
-    n_rows = int(st.get("P3", 0) or 0) * int(st.get("N3", 0) or 0)
-    resp = r.get("response_length/mean", float("nan"))
-    prompt = r.get("prompt_length/mean", float("nan"))
-    gen = r.get("timing_s/gen", float("nan"))
-    upd = r.get("timing_s/update_actor", float("nan"))
-    gen_tokens = n_rows * resp
-    total_steps = sum(series(rows, "timing_s/step"))
-    wall = float(last["wall"]) if last["wall"] else float("nan")
+    table, nums = run3_table(out, st, rows, last, "3b", st.get("STEPS3", "?"))
+    lines += table + [""]
+    short = f"{precision}: {fmt(nums['gen_rate'], 1)} gen tok/s, {fmt(nums['upd_rate'], 1)} trained tok/s"
+    return lines, short
 
-    def rate(tokens, secs):
-        return tokens / secs if secs and secs == secs and secs > 0 else float("nan")
 
-    lines += [
-        "| metric | value |",
-        "|---|---:|",
-        f"| step reported | {r.get('step')} of {st.get('STEPS3', '?')} run ({'the first: includes kernel compilation and autotuning' if r.get('step') == 1 else 'after a warm-up step'}) |",
-        f"| sequences | {n_rows} (prompt {fmt(prompt, 1)} tokens, response {fmt(resp, 1)} tokens, means) |",
-        f"| rollout `timing_s/gen` (s) | {fmt(gen, 2)} |",
-        f"| generated tokens/s (sequences × mean response length / gen) | {fmt(rate(gen_tokens, gen), 1)} |",
-        f"| update `timing_s/update_actor` (s) | {fmt(upd, 2)} |",
-        f"| trained tokens/s: response (loss) tokens / update | {fmt(rate(gen_tokens, upd), 1)} |",
-        f"| trained tokens/s: prompt + response tokens / update | {fmt(rate(n_rows * (prompt + resp), upd), 1)} |",
-        f"| `timing_s/step` (s) | {fmt(r.get('timing_s/step'), 2)} |",
-        f"| process wall time (s), incl. drawing the weights on the host and moving them | {fmt(wall, 1)} (steps: {fmt(total_steps, 1)}) |",
-        f"| peak GPU memory used (MiB, nvidia-smi every 0.5 s) | {last['peak'] or '–'} |",
-        f"| peak host RSS (MiB) | {peak_rss_mib(out, '3b') or '–'} |",
+def lora3b_section(out, st, steps):
+    attempts = [s for s in steps if s["id"] == "3b_lora"]
+    rank, alpha = st.get("RANK3L", "?"), st.get("ALPHA3L", "?")
+    with_ref = st.get("REF3L", "1") == "1"
+    lines = [
+        f"## 5. The same GRPO step with LoRA (rank {rank}, alpha {alpha}, all-linear)"
+        + (" and an adapters-off reference" if with_ref else ""),
         "",
     ]
-    short = f"{precision}: {fmt(rate(gen_tokens, gen), 1)} gen tok/s, {fmt(rate(gen_tokens, upd), 1)} trained tok/s"
+    if not attempts:
+        return lines + ["not run", ""], "not run"
+    last = attempts[-1]
+    rows = metrics(os.path.join(out, "3b_lora"))
+    precision = st.get("PREC3L") or "?"
+    lines += [
+        "Section 4's graph, model, sizes and seed (random weights), with "
+        f"`models.policy.lora = {{ rank = {rank}, alpha = {alpha}, target_modules = [\"all-linear\"] }}`. The base "
+        "weights stay frozen in the compute precision, and only the adapters (f32) have gradients and AdamW moments. "
+        "The vision tower is not adapted. The learning rate is 3e-3, the LoRA rate of `graphs/grpo_vlm_lora.toml`."
+        + (
+            " A reference `[models.reference] from = \"policy\"` is the base with the adapters switched off (no copy "
+            "of the weights). A `logprob` node on it (`timing_s/ref`) feeds the update's `ref_log_probs`, and the "
+            "update adds a low_var_kl loss (coef 0.001)."
+            if with_ref
+            else " No reference model and no KL loss (`GPU_3B_LORA_REF=0`)."
+        ),
+        "",
+        f"- precision measured: **{precision}**",
+        f"- {last['note']}",
+        "",
+    ]
+    if not rows:
+        return lines + ["no step finished (see the step's log below)", ""], f"no step finished ({last['status']})"
+    table, nums = run3_table(out, st, rows, last, "3b_lora", st.get("STEPS3L", "?"))
+    lines += table
+    kl = [(r.get("step"), r["actor/kl_loss"]) for r in rows if "actor/kl_loss" in r]
+    if kl:
+        lines.append(
+            "| `actor/kl_loss` per step (step 1: the adapters are still zero, so the policy is the base and the KL "
+            "should be ≈ 0; after an update it should be > 0) | "
+            + ", ".join(f"step {s}: {v:.3g}" for s, v in kl)
+            + " |"
+        )
+    # Against section 4 (full fine-tuning), when it finished a step.
+    full = qwen3b_result(out, st, steps)
+    if full and full["rows"]:
+        _, fnums = run3_table(out, st, full["rows"], full["last"], "3b", st.get("STEPS3", "?"))
+        fpeak, lpeak = full["last"]["peak"], last["peak"]
+        ratio = (
+            f"{int(lpeak) / int(fpeak):.2f}×" if fpeak.isdigit() and lpeak.isdigit() and int(fpeak) > 0 else "–"
+        )
+        lines += [
+            f"| peak GPU memory, LoRA / full fine-tuning (section 4, {full['precision']}) | {ratio} ({lpeak or '–'} / {fpeak or '–'} MiB) |",
+            f"| update time, LoRA / full fine-tuning | {fmt(nums['upd'] / fnums['upd'] if fnums['upd'] == fnums['upd'] and fnums['upd'] > 0 else float('nan'), 2)} |",
+        ]
+    lines.append("")
+    short = f"{precision}: {fmt(nums['gen_rate'], 1)} gen tok/s, {fmt(nums['upd_rate'], 1)} trained tok/s"
+    if kl:
+        short += f"; kl_loss {', '.join(f'{v:.2g}' for _, v in kl)}"
     return lines, short
 
 
@@ -283,6 +364,7 @@ def main():
     bench_lines, bench_short = bench_section(out, st, by_id.get("bench_flowrl"), by_id.get("bench_ref"))
     sections["bench_flowrl"] = (bench_lines, bench_short)
     sections["3b"] = qwen3b_section(out, st, steps)
+    sections["3b_lora"] = lora3b_section(out, st, steps)
 
     date = re.search(r"^date: (.*)$", env, re.M)
     gpu = []
@@ -340,7 +422,7 @@ def main():
             f"| {s['wall'] or '–'} | {s['timeout'] or '–'} | {s['peak'] or '–'} | {result} |"
         )
     md.append("")
-    for key in ["fixtures", "default", "bench_flowrl", "3b"]:
+    for key in ["fixtures", "default", "bench_flowrl", "3b", "3b_lora"]:
         md += sections[key][0]
     bad = [s for s in steps if s["status"] not in ("ok", "SKIPPED") and s["log"]]
     if bad:
