@@ -178,7 +178,7 @@ fn declare_dtype(dir: &Path, precision: Precision) -> Result<()> {
         Precision::BF16 => "bfloat16",
         Precision::F16 => "float16",
     };
-    let mut set = |obj: &mut serde_json::Value| {
+    let set = |obj: &mut serde_json::Value| {
         if let Some(map) = obj.as_object_mut() {
             map.insert("dtype".into(), name.into());
             if map.contains_key("torch_dtype") {
