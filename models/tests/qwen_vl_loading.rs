@@ -345,3 +345,86 @@ fn burn_optimizer_steps_the_model() {
     let l1: f32 = value(&loss(&model));
     assert!(l1 < l0, "loss did not decrease: {l0} -> {l1}");
 }
+
+/// Impossible config values are refused, naming the key, instead of panicking later (a zero head
+/// count divided by zero in the parser).
+#[test]
+fn impossible_config_values_are_refused_with_the_key() {
+    let base: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tiny-qwen2-vl/config.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let cases: &[(&str, &str, Value, &str)] = &[
+        (
+            "text_config",
+            "num_attention_heads",
+            0.into(),
+            "num_attention_heads must be at least 1",
+        ),
+        (
+            "text_config",
+            "num_key_value_heads",
+            3.into(),
+            "not a multiple of num_key_value_heads 3",
+        ),
+        (
+            "text_config",
+            "num_hidden_layers",
+            0.into(),
+            "num_hidden_layers must be at least 1",
+        ),
+        ("text_config", "vocab_size", (-5).into(), "`vocab_size`"),
+        (
+            "text_config",
+            "rms_norm_eps",
+            0.0.into(),
+            "rms_norm_eps must be a positive number",
+        ),
+        (
+            "vision_config",
+            "num_heads",
+            0.into(),
+            "vision_config num_heads must be at least 1",
+        ),
+        (
+            "vision_config",
+            "num_heads",
+            3.into(),
+            "is not a multiple of num_heads 3",
+        ),
+        (
+            "vision_config",
+            "depth",
+            0.into(),
+            "vision_config depth must be at least 1",
+        ),
+        (
+            "vision_config",
+            "patch_size",
+            0.into(),
+            "patch_size must be at least 1",
+        ),
+    ];
+    for (section, key, value, needle) in cases {
+        let mut config = base.clone();
+        config[*section][*key] = value.clone();
+        let err = QwenVlConfig::from_value(&config)
+            .map(|_| ())
+            .expect_err(&format!("{section}.{key} = {value} must be refused"));
+        assert!(
+            format!("{err:#}").contains(needle),
+            "{section}.{key} = {value}: {err:#}"
+        );
+    }
+    // Without head_dim, a hidden size that the heads do not divide.
+    let mut config = base.clone();
+    config["text_config"]["hidden_size"] = 66.into();
+    let err = QwenVlConfig::from_value(&config).map(|_| ()).unwrap_err();
+    assert!(
+        format!("{err}").contains("not a multiple of num_attention_heads"),
+        "{err}"
+    );
+}

@@ -6,7 +6,7 @@
 //! widths differently: Qwen2-VL `embed_dim` (ViT width) / `hidden_size` (merger output);
 //! Qwen2.5-VL `hidden_size` (ViT width) / `out_hidden_size` (merger output).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
 /// Which of the two families (they differ only in the vision tower).
@@ -141,9 +141,19 @@ impl QwenVlConfig {
 
         let hidden_size = usize_of(text, "hidden_size", "text config")?;
         let num_heads = usize_of(text, "num_attention_heads", "text config")?;
+        ensure!(
+            num_heads > 0,
+            "config.json: text num_attention_heads must be at least 1 (got 0)"
+        );
         let head_dim = match lookup("head_dim").and_then(Value::as_u64) {
             Some(h) => h as usize,
-            None => hidden_size / num_heads,
+            None => {
+                ensure!(
+                    hidden_size % num_heads == 0,
+                    "config.json: text hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads} (and no head_dim is given)"
+                );
+                hidden_size / num_heads
+            }
         };
         let rope = lookup("rope_parameters").or_else(|| lookup("rope_scaling"));
         let rope_theta = rope
@@ -257,6 +267,7 @@ impl QwenVlConfig {
                 .map(|x| x as u32)
                 .with_context(|| format!("config.json: missing `{key}`"))
         };
+        check_sizes(&text_cfg, &vision)?;
         Ok(Self {
             flavor,
             text: text_cfg,
@@ -268,4 +279,78 @@ impl QwenVlConfig {
             raw: root.clone(),
         })
     }
+}
+
+/// Impossible values, each error naming its key: zero sizes and counts, head counts that do not
+/// divide, odd rotary widths, vision windows that are not whole merged patches, full-attention
+/// blocks past the depth, non-positive epsilons and RoPE bases.
+fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
+    let positive = [
+        ("text vocab_size", t.vocab_size),
+        ("text hidden_size", t.hidden_size),
+        ("text intermediate_size", t.intermediate_size),
+        ("text num_hidden_layers", t.num_layers),
+        ("text num_key_value_heads", t.num_kv_heads),
+        ("text head_dim", t.head_dim),
+        ("text max_position_embeddings", t.max_position_embeddings),
+        ("vision_config depth", v.depth),
+        ("vision_config width (embed_dim / hidden_size)", v.width),
+        ("vision_config num_heads", v.num_heads),
+        (
+            "vision_config MLP width (mlp_ratio / intermediate_size)",
+            v.mlp_hidden,
+        ),
+        ("vision_config in_channels", v.in_channels),
+        ("vision_config patch_size", v.patch_size),
+        ("vision_config temporal_patch_size", v.temporal_patch_size),
+        ("vision_config spatial_merge_size", v.spatial_merge_size),
+    ];
+    for (key, value) in positive {
+        ensure!(value > 0, "config.json: {key} must be at least 1 (got 0)");
+    }
+    ensure!(
+        t.num_heads % t.num_kv_heads == 0,
+        "config.json: text num_attention_heads {} is not a multiple of num_key_value_heads {}",
+        t.num_heads,
+        t.num_kv_heads
+    );
+    ensure!(
+        t.head_dim % 2 == 0,
+        "config.json: text head_dim {} is odd (rotary embeddings rotate pairs)",
+        t.head_dim
+    );
+    ensure!(
+        v.width % v.num_heads == 0,
+        "config.json: vision_config width {} is not a multiple of num_heads {}",
+        v.width,
+        v.num_heads
+    );
+    ensure!(
+        (v.width / v.num_heads) % 2 == 0,
+        "config.json: vision_config head width {} (width / num_heads) is odd (rotary embeddings rotate pairs)",
+        v.width / v.num_heads
+    );
+    let merged_patch = v.patch_size * v.spatial_merge_size;
+    ensure!(
+        v.window_size % merged_patch == 0,
+        "config.json: vision_config window_size {} is not a multiple of patch_size × spatial_merge_size = {merged_patch}",
+        v.window_size
+    );
+    if let Some(&b) = v.fullatt_block_indexes.iter().find(|&&b| b >= v.depth) {
+        bail!(
+            "config.json: vision_config fullatt_block_indexes holds {b}, past the last block ({} blocks)",
+            v.depth
+        );
+    }
+    ensure!(
+        t.rms_norm_eps.is_finite() && t.rms_norm_eps > 0.0,
+        "config.json: text rms_norm_eps must be a positive number (got {})",
+        t.rms_norm_eps
+    );
+    ensure!(
+        t.rope_theta.is_finite() && t.rope_theta > 0.0,
+        "config.json: rope_theta must be a positive number (got {})",
+        t.rope_theta
+    );
+    Ok(())
 }
