@@ -15,7 +15,8 @@
 //! names), loads everything at build time (so bad rows fail before step 0), and saves the
 //! data position (epoch, cursor, seed) as the node's state so that a resumed run sees the same
 //! next batch. Metrics: `training/epoch`, `data/filtered_overlong`, `data/truncated` and
-//! `data/skipped_mismatched` (counts of the load, reported at step 0).
+//! `data/skipped_mismatched` (counts of the load, reported at the run's first step, not again
+//! by a resumed process).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -256,6 +257,7 @@ fn build_node(params: &Params, ctx: &BuildContext) -> Result<DatasetNode> {
         train,
         val,
         reported: false,
+        restored: false,
     })
 }
 
@@ -263,6 +265,8 @@ struct DatasetNode {
     train: PromptDataset,
     val: Option<Value>,
     reported: bool,
+    /// Restored from a checkpoint: the run's first step already reported the load.
+    restored: bool,
 }
 
 impl DatasetNode {
@@ -275,9 +279,13 @@ impl Node for DatasetNode {
     fn run(&mut self, _inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         if !self.reported {
             let r = self.train.report();
-            ctx.metric("data/filtered_overlong", r.filtered_overlong as f64);
-            ctx.metric("data/truncated", r.truncated as f64);
-            ctx.metric("data/skipped_mismatched", r.skipped_mismatched.len() as f64);
+            // The run's first step reports the load; a resumed process only warns again, so
+            // its metrics.jsonl continues the uninterrupted run's line for line.
+            if !self.restored {
+                ctx.metric("data/filtered_overlong", r.filtered_overlong as f64);
+                ctx.metric("data/truncated", r.truncated as f64);
+                ctx.metric("data/skipped_mismatched", r.skipped_mismatched.len() as f64);
+            }
             for s in r.skipped_mismatched.iter().take(3) {
                 ctx.warn(format!(
                     "skipped {} row {}: {}",
@@ -304,6 +312,7 @@ impl Node for DatasetNode {
     fn load_state(&mut self, state: serde_json::Value) -> Result<()> {
         let position: DataPosition = serde_json::from_value(state)
             .context("dataset.parquet: reading the saved data position")?;
+        self.restored = true;
         self.train.set_position(position)
     }
 }
