@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 
 use crate::dataset::decode_row_images;
@@ -42,6 +42,9 @@ pub struct InspectArgs {
     /// Column with the images ("" for text-only data).
     #[arg(long, default_value = "images")]
     pub image_key: String,
+    /// How many failing rows to list (the rest are counted).
+    #[arg(long, default_value_t = 20)]
+    pub max_errors: usize,
 }
 
 /// `flowrl data synth --out DIR --seed S --train N --test M`
@@ -145,8 +148,15 @@ pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
             "placeholder/image count mismatches: {} (these rows fail to load unless skip_mismatched_rows is set)",
             file.skipped.len()
         )?;
-        for s in file.skipped.iter().take(5) {
+        for s in file.skipped.iter().take(args.max_errors) {
             writeln!(out, "  row {}: {}", s.source.row, s.reason)?;
+        }
+        if file.skipped.len() > args.max_errors {
+            writeln!(
+                out,
+                "  ... and {} more",
+                file.skipped.len() - args.max_errors
+            )?;
         }
     }
 
@@ -199,6 +209,14 @@ pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
                 e.images.len()
             )?;
         }
+    }
+    // A check, not only a report: rows that `flowrl run` would refuse make the command fail.
+    if !file.skipped.is_empty() {
+        bail!(
+            "{}: {} row(s) fail to load (placeholder/image count mismatches, listed above)",
+            args.file.display(),
+            file.skipped.len()
+        );
     }
     Ok(())
 }

@@ -275,6 +275,43 @@ fn placeholder_image_count_mismatch_errors_or_is_skipped_and_counted() {
     assert_eq!(f.rows[1].source.row, 2);
 }
 
+/// `flowrl data inspect` is a check: it lists the rows that would fail (at most `max_errors`,
+/// counting the rest) and fails.
+#[test]
+fn inspect_lists_failing_rows_and_fails() {
+    use flowrl_datasets::cli::{InspectArgs, inspect};
+    let dir = tempfile::tempdir().unwrap();
+    let path = file_with(dir.path(), "mismatch.parquet", |c| {
+        set(
+            c,
+            "prompt",
+            prompts(&["<image><image>a", "<image><image>b", "<image>c"]),
+        )
+    });
+    let mut out = Vec::new();
+    let args = InspectArgs {
+        file: path.clone(),
+        model: None,
+        rows: 0,
+        prompt_key: "prompt".into(),
+        image_key: "images".into(),
+        max_errors: 1,
+    };
+    let err = inspect(&args, &mut out).expect_err("mismatched rows make inspect fail");
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("placeholder/image count mismatches: 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  row 0: 2 `<image>` placeholder(s) in `prompt` but 1 image(s)"),
+        "{text}"
+    );
+    assert!(!text.contains("  row 1:"), "{text}");
+    assert!(text.contains("... and 1 more"), "{text}");
+    assert!(err.to_string().contains("2 row(s) fail to load"), "{err}");
+}
+
 #[test]
 fn empty_or_null_image_list_with_a_placeholder() {
     let dir = tempfile::tempdir().unwrap();

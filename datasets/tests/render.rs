@@ -194,6 +194,7 @@ fn inspect_reports_schema_counts_and_rendered_rows() {
             rows: 2,
             prompt_key: "prompt".into(),
             image_key: "images".into(),
+            max_errors: 20,
         },
         &mut out,
     )
