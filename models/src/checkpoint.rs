@@ -353,7 +353,14 @@ impl Shard {
                 .expect("offset_keys lists the header's tensors");
             let (start, end) = info.data_offsets;
             let (start, end) = (self.data_start + start, self.data_start + end);
-            let data = convert(&map[start..end], info.dtype, &info.shape, dtype)
+            let bytes = &map[start..end];
+            if let Some(k) = first_nan(bytes, info.dtype) {
+                bail!(
+                    "{path}: tensor {name} holds NaN at flat index {k}: the checkpoint is corrupt \
+                     or was saved after training diverged"
+                );
+            }
+            let data = convert(bytes, info.dtype, &info.shape, dtype)
                 .with_context(|| format!("{path}: tensor {name}"))?;
             // SAFETY: MADV_DONTNEED on a read-only shared file mapping only drops these pages
             // from the process (reading them again would fault them back in from the file); the
@@ -371,6 +378,39 @@ impl Shard {
         }
         Ok(())
     }
+}
+
+/// The flat index of the first NaN among little-endian `bytes` of `dtype` (all exponent bits
+/// set and a non-zero mantissa), scanned in parallel chunks. Infinities are legitimate weights
+/// (Gemma 4's unbounded clip limits are ±inf).
+fn first_nan(bytes: &[u8], dtype: Dtype) -> Option<usize> {
+    use rayon::prelude::*;
+    let (width, exponent, mantissa): (usize, u32, u32) = match dtype {
+        Dtype::F32 => (4, 0x7F80_0000, 0x007F_FFFF),
+        Dtype::BF16 => (2, 0x7F80, 0x007F),
+        Dtype::F16 => (2, 0x7C00, 0x03FF),
+        _ => return None,
+    };
+    let value = |c: &[u8]| {
+        if width == 4 {
+            u32::from_le_bytes([c[0], c[1], c[2], c[3]])
+        } else {
+            u32::from(u16::from_le_bytes([c[0], c[1]]))
+        }
+    };
+    const CHUNK: usize = 1 << 20;
+    bytes
+        .par_chunks(CHUNK * width)
+        .enumerate()
+        .find_map_first(|(k, chunk)| {
+            chunk
+                .chunks_exact(width)
+                .position(|c| {
+                    let v = value(c);
+                    v & exponent == exponent && v & mantissa != 0
+                })
+                .map(|i| k * CHUNK + i)
+        })
 }
 
 /// Little-endian `bytes` of a tensor stored as `stored` with `shape`, as host data of `target`.

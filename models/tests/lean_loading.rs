@@ -405,3 +405,43 @@ fn a_truncated_shard_or_an_absurd_header_is_refused() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A NaN weight is reported at load, with the file and the tensor, not at the first rollout.
+#[test]
+fn a_non_finite_weight_is_refused_at_load() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tiny-qwen2-vl");
+    let dir = temp_dir("nan-weight");
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let target = "model.layers.1.mlp.up_proj.weight";
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let (_, dtype, _, data) = tensors
+        .iter_mut()
+        .find(|(n, ..)| n == target)
+        .expect("the tiny model has the tensor");
+    assert_eq!(*dtype, Dtype::F32);
+    data[12..16].copy_from_slice(&f32::NAN.to_le_bytes());
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    let err = Model::<Flex>::load(&dir, &Default::default())
+        .map(|_| ())
+        .expect_err("a NaN weight is refused");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains(&format!("tensor {target} holds NaN")) && msg.contains("flat index 3"),
+        "{msg}"
+    );
+}
