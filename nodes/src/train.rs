@@ -207,6 +207,9 @@ pub struct PartialStep {
     pub stats: Vec<f64>,
 }
 
+/// Held while a replica builds and differentiates its autodiff graph (see [`replicated_grads`]).
+static AUTODIFF_GRAPHS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The gradients of one optimizer step over `rows`, computed data-parallel
 /// ([`crate::data_parallel`]): replica `i` of `W` runs `compute(model, rows_i)` on its
 /// contiguous share `rows_i` of the rows, with its own copy of `model` (same parameter ids);
@@ -239,7 +242,15 @@ pub fn replicated_grads<B: FlowBackend>(
         } else {
             copy.fork(&device)
         };
-        let partial = compute(&copy, mine)?;
+        // One replica's forward and backward at a time: burn 0.21's autodiff lets a backward on
+        // one thread free graph steps another thread is still building, and a gradient goes
+        // missing (tracel-ai/burn#5573, fixed after 0.21). The all-reduce stays outside the
+        // lock, so replicas still meet there. CPU replicas share the cores anyway; on GPUs this
+        // serialises the replicas' updates until burn is upgraded.
+        let partial = {
+            let _one_at_a_time = AUTODIFF_GRAPHS.lock().unwrap_or_else(|e| e.into_inner());
+            compute(&copy, mine)?
+        };
         let flat = flatten_step(&copy, partial);
         let flat = r.all_reduce_sum(flat)?;
         unflatten_step(&copy, flat, r.world)
