@@ -309,30 +309,30 @@ fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
         ensure!(value > 0, "config.json: {key} must be at least 1 (got 0)");
     }
     ensure!(
-        t.num_heads % t.num_kv_heads == 0,
+        t.num_heads.is_multiple_of(t.num_kv_heads),
         "config.json: text num_attention_heads {} is not a multiple of num_key_value_heads {}",
         t.num_heads,
         t.num_kv_heads
     );
     ensure!(
-        t.head_dim % 2 == 0,
+        t.head_dim.is_multiple_of(2),
         "config.json: text head_dim {} is odd (rotary embeddings rotate pairs)",
         t.head_dim
     );
     ensure!(
-        v.width % v.num_heads == 0,
+        v.width.is_multiple_of(v.num_heads),
         "config.json: vision_config width {} is not a multiple of num_heads {}",
         v.width,
         v.num_heads
     );
     ensure!(
-        (v.width / v.num_heads) % 2 == 0,
+        (v.width / v.num_heads).is_multiple_of(2),
         "config.json: vision_config head width {} (width / num_heads) is odd (rotary embeddings rotate pairs)",
         v.width / v.num_heads
     );
     let merged_patch = v.patch_size * v.spatial_merge_size;
     ensure!(
-        v.window_size % merged_patch == 0,
+        v.window_size.is_multiple_of(merged_patch),
         "config.json: vision_config window_size {} is not a multiple of patch_size × spatial_merge_size = {merged_patch}",
         v.window_size
     );
