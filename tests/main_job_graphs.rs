@@ -165,3 +165,138 @@ fn without_a_kl_table_the_update_needs_no_reference_and_logs_no_kl_loss() {
     assert!(metrics.contains("\"actor/pg_loss\""), "{metrics}");
     assert!(!metrics.contains("actor/kl_loss"), "{metrics}");
 }
+
+/// `policy_loss` picks a loss of verl's registry by its name; an option the loss ignores (as
+/// verl ignores it) is a warning at the key (W0501), and the graph still validates.
+#[test]
+fn a_policy_loss_warns_at_each_option_it_ignores() {
+    let vanilla = validate(&[]);
+    assert!(vanilla.status.success(), "{}", stderr(&vanilla));
+    assert!(
+        !stderr(&vanilla).contains("warning"),
+        "{}",
+        stderr(&vanilla)
+    );
+
+    // gspo reads the clip ratios but always aggregates seq-mean-token-mean.
+    let out = validate(&["--set", "nodes.update.policy_loss=\"gspo\""]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert_eq!(e.matches("warning[W0501]").count(), 1, "{e}");
+    assert!(e.contains(&format!("{GRAPH}:77:1")), "{e}");
+    assert!(
+        e.contains("always aggregates its policy loss with seq-mean-token-mean")
+            && e.contains("it still applies to the KL and entropy terms"),
+        "{e}"
+    );
+
+    // sapo reads neither the clip ratio nor the mode; an override is located at the override.
+    let out = validate(&[
+        "--set",
+        "nodes.update.policy_loss=\"sapo\"",
+        "--set",
+        "nodes.update.kl_cov_ratio=0.5",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert_eq!(e.matches("warning[W0501]").count(), 3, "{e}");
+    assert!(
+        e.contains(&format!("{GRAPH}:76:1"))
+            && e.contains(
+                "`clip_ratio` has no effect with policy_loss = \"sapo\" (it reads tau_pos, tau_neg)"
+            ),
+        "{e}"
+    );
+    assert!(
+        e.contains("`kl_cov_ratio` has no effect") && e.contains("--set"),
+        "{e}"
+    );
+
+    // geo_mean ignores the mode and the mini-batch normalisation.
+    let out = validate(&["--set", "nodes.update.policy_loss=\"geo_mean\""]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(
+        e.contains(&format!("{GRAPH}:74:1"))
+            && e.contains("the mini-batch's policy loss is the sum of its micro-batch means"),
+        "{e}"
+    );
+    assert!(e.contains(&format!("{GRAPH}:77:1")), "{e}");
+}
+
+#[test]
+fn a_policy_loss_is_checked_by_name_and_dro_needs_its_beta() {
+    let out = validate(&["--set", "nodes.update.policy_loss=\"gpso\""]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(
+        stderr(&out).contains("did you mean `gspo`?"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = validate(&["--set", "nodes.update.policy_loss=\"dro\""]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(
+        stderr(&out).contains("policy_loss.dro_beta must be a positive value when using DRO"),
+        "{}",
+        stderr(&out)
+    );
+    let out = validate(&[
+        "--set",
+        "nodes.update.policy_loss=\"dro\"",
+        "--set",
+        "nodes.update.dro_beta=0.1",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// One step of the main job with a loss that reports no clip metrics (verl's `gpg` returns an
+/// empty metrics dict) and one that draws its token subset at random (`clip_cov`).
+#[test]
+fn a_registry_loss_trains_and_logs_only_its_own_metrics() {
+    let small = [
+        "--set",
+        "nodes.data.batch_size=4",
+        "--set",
+        "nodes.rollout.n=2",
+        "--set",
+        "nodes.update.mini_batch_size=4",
+        "--set",
+        "nodes.update.micro_batch_size=8",
+    ];
+    for (loss, logged, absent) in [
+        (
+            "gpg",
+            &["actor/pg_loss"][..],
+            &["actor/pg_clipfrac", "actor/ppo_kl"][..],
+        ),
+        (
+            "clip_cov",
+            &["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"][..],
+            &["actor/pg_clipfrac_lower"][..],
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out_dir = dir.path().join("run");
+        let set = format!("nodes.update.policy_loss=\"{loss}\"");
+        let out = Command::new(BIN)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+            .args(["run", "graphs/grpo_vlm.toml", "--steps", "1", "--out"])
+            .arg(&out_dir)
+            .args(small)
+            .args(["--set", &set])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{loss}: {}", stderr(&out));
+        let metrics = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
+        for key in logged {
+            assert!(metrics.contains(&format!("\"{key}\"")), "{loss}: {metrics}");
+        }
+        for key in absent {
+            assert!(
+                !metrics.contains(&format!("\"{key}\"")),
+                "{loss}: {metrics}"
+            );
+        }
+    }
+}

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-
 mod common;
 
 use common::{BIN, GRAPH, SMALL, flowrl, metrics, root};

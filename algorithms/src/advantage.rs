@@ -32,6 +32,21 @@
 //! **Bad input.** A non-finite score is an error ([`AlgoError::NonFiniteScore`]; verl would
 //! spread the NaN over the whole group), as are an empty batch and an `index` whose length
 //! differs from the batch. Groups cannot be empty (they are formed from the uids present).
+//!
+//! **The other registered estimators** live in one submodule each, named after verl's registry
+//! entry, and take their inputs as a [`TokenRewards`] batch (plus what else they read):
+//!
+//! | estimator | module | verl function |
+//! |---|---|---|
+//! | `gae` | [`gae`] | `compute_gae_advantage_return` |
+//! | `gdpo` | [`gdpo`] | `compute_gdpo_outcome_advantage` |
+//! | `grpo_passk` | [`grpo_passk`] | `compute_grpo_passk_outcome_advantage` |
+//! | `opo` | [`opo`] | `compute_opo_outcome_advantage` |
+//! | `remax` | [`remax`] | `compute_remax_outcome_advantage` |
+//! | `gpg` | [`gpg`] | `compute_gpg_outcome_advantage` |
+//! | `optimal_token_baseline`, `tir_optimal_token_baseline` | [`optimal_token_baseline`] | `compute_optimal_token_baseline_advantage`, `compute_multi_turn_optimal_token_baseline_advantage` |
+//!
+//! They compute on the host in f64 like the estimators above.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -40,6 +55,14 @@ use burn::prelude::*;
 
 use crate::error::{AlgoError, Result};
 use crate::tensor_util::{check_same_shape, from_host_2d, to_host_f64};
+
+pub mod gae;
+pub mod gdpo;
+pub mod gpg;
+pub mod grpo_passk;
+pub mod opo;
+pub mod optimal_token_baseline;
+pub mod remax;
 
 /// verl's GRPO epsilon.
 pub const GRPO_EPSILON: f64 = 1e-6;
@@ -366,4 +389,115 @@ pub fn compute_advantages<B: Backend, S: AsRef<str>>(
         advantages: from_host_2d(host.advantages, rows, cols, &device),
         returns: from_host_2d(host.returns, rows, cols, &device),
     })
+}
+
+/// The `[rows, cols]` token-level rewards and response mask of a batch (host form, row-major
+/// f64), as every estimator reads them; built by [`TokenRewards::new`], which checks the sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRewards<'a> {
+    /// Number of responses B.
+    pub rows: usize,
+    /// Padded response length T.
+    pub cols: usize,
+    /// `token_level_rewards[b * cols + t]`.
+    pub token_level_rewards: &'a [f64],
+    /// `response_mask[b * cols + t]`: 1 for a valid token, 0 for padding.
+    pub response_mask: &'a [f64],
+}
+
+impl<'a> TokenRewards<'a> {
+    /// Checks that both matrices hold `rows × cols` values and that the batch is not empty.
+    pub fn new(
+        token_level_rewards: &'a [f64],
+        response_mask: &'a [f64],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        if rows == 0 {
+            return Err(AlgoError::Empty("the batch has no responses".into()));
+        }
+        let batch = Self {
+            rows,
+            cols,
+            token_level_rewards,
+            response_mask,
+        };
+        batch.check_matrix("token_level_rewards", token_level_rewards)?;
+        batch.check_matrix("response_mask", response_mask)?;
+        Ok(batch)
+    }
+
+    /// Checks that another `[rows, cols]` input has the batch's size.
+    pub fn check_matrix(&self, what: &str, values: &[f64]) -> Result<()> {
+        if values.len() == self.rows * self.cols {
+            Ok(())
+        } else {
+            Err(AlgoError::ShapeMismatch {
+                what: what.into(),
+                expected: vec![self.rows, self.cols],
+                got: vec![values.len()],
+            })
+        }
+    }
+
+    /// Row `b` of a `[rows, cols]` matrix.
+    fn row<'x>(&self, values: &'x [f64], b: usize) -> &'x [f64] {
+        &values[b * self.cols..(b + 1) * self.cols]
+    }
+
+    /// The response scores s_b = Σ_t r[b,t] over **all** positions (verl
+    /// `token_level_rewards.sum(dim=-1)`; the mask is not applied).
+    pub fn scores(&self) -> Vec<f64> {
+        (0..self.rows)
+            .map(|b| self.row(self.token_level_rewards, b).iter().sum())
+            .collect()
+    }
+
+    /// The response lengths n_b = Σ_t m[b,t].
+    pub fn lengths(&self) -> Vec<f64> {
+        (0..self.rows)
+            .map(|b| self.row(self.response_mask, b).iter().sum())
+            .collect()
+    }
+
+    /// An outcome estimator's result: `advantages[b,t] = a_b · m[b,t]`, `returns` the same
+    /// (verl `scores.unsqueeze(-1) * response_mask`, returned twice).
+    pub fn broadcast(&self, per_response: &[f64]) -> HostAdvantages {
+        let advantages: Vec<f64> = (0..self.rows * self.cols)
+            .map(|i| per_response[i / self.cols] * self.response_mask[i])
+            .collect();
+        HostAdvantages {
+            rows: self.rows,
+            cols: self.cols,
+            returns: advantages.clone(),
+            advantages,
+        }
+    }
+
+    /// The reward-to-go of the masked rewards, G_t = Σ_{t' ≥ t} r_{t'}·m_{t'}, at every
+    /// position, masked ones included (verl `(r * m).flip(-1).cumsum(-1).flip(-1)`).
+    pub fn reward_to_go(&self) -> Vec<f64> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for b in 0..self.rows {
+            let mut running = 0.0;
+            for t in (0..self.cols).rev() {
+                let i = b * self.cols + t;
+                running += self.token_level_rewards[i] * self.response_mask[i];
+                out[i] = running;
+            }
+        }
+        out
+    }
+}
+
+/// Refuses a NaN or infinite value of an input (`what`), naming its flat position.
+pub(crate) fn check_finite(what: &str, values: &[f64]) -> Result<()> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(AlgoError::NonFiniteInput {
+            what: what.into(),
+            index: i,
+            value: values[i],
+        }),
+    }
 }

@@ -14,6 +14,10 @@
 //! logits themselves chunk by chunk from hidden states through an `lm_head` closure, so a
 //! full `[B, T, V]` logits tensor never exists. All functions are differentiable (the max
 //! shift is detached; the gradient does not depend on it).
+//!
+//! [`sum_pi_squared_from_hidden`] gives Σ_v softmax(z)_v² per position the same way (verl
+//! `torch_functional.calculate_sum_pi_squared_from_logits`, what the optimal-token-baseline
+//! estimators read).
 
 use burn::prelude::*;
 
@@ -195,6 +199,45 @@ where
     })
 }
 
+/// Σ_v π_v² `[B, T]` with π = softmax(z / temperature), from hidden states `[B, T, H]` through
+/// `lm_head`, `chunk` positions at a time (verl `calculate_sum_pi_squared_from_logits`:
+/// exp(logsumexp(2z) − 2·logsumexp(z)), evaluated on z − max(z)). It lies in [1/V, 1]: 1/V for
+/// uniform logits, 1 for a one-hot distribution.
+pub fn sum_pi_squared_from_hidden<B: Backend, F>(
+    hidden: Tensor<B, 3>,
+    lm_head: F,
+    temperature: f64,
+    chunk: usize,
+) -> Result<Tensor<B, 2>>
+where
+    F: Fn(Tensor<B, 3>) -> Tensor<B, 3>,
+{
+    if temperature.is_nan() || temperature <= 0.0 || temperature.is_infinite() {
+        return Err(AlgoError::InvalidParameter(format!(
+            "temperature must be finite and > 0, got {temperature}"
+        )));
+    }
+    let [b, t, _] = hidden.dims();
+    let (sums, _) = chunked(t, chunk, |start, len| {
+        let logits = lm_head(hidden.clone().narrow(1, start, len));
+        let [lb, lt, v] = logits.dims();
+        if [lb, lt] != [b, len] || v == 0 {
+            return Err(AlgoError::ShapeMismatch {
+                what: "lm_head output".into(),
+                expected: vec![b, len, v.max(1)],
+                got: vec![lb, lt, v],
+            });
+        }
+        let z = logits.div_scalar(temperature);
+        let shifted = z.clone().sub(z.detach().max_dim(2));
+        let lse = shifted.clone().exp().sum_dim(2).log();
+        let lse2 = shifted.mul_scalar(2.0).exp().sum_dim(2).log();
+        let s = lse2.sub(lse.mul_scalar(2.0)).exp().squeeze_dim(2);
+        Ok((s.clone(), s))
+    })?;
+    Ok(sums)
+}
+
 fn chunked<B: Backend>(
     t: usize,
     chunk: usize,
@@ -238,6 +281,35 @@ mod tests {
     use burn::backend::{Autodiff, Flex};
 
     type Ad = Autodiff<Flex>;
+
+    #[test]
+    fn sum_pi_squared_of_known_distributions() {
+        // Row 0: uniform over 4 (Σπ² = 1/4); row 1: logits ln(1), ln(3) → π = (1/4, 3/4) with
+        // two −inf-like entries: Σπ² = 10/16. Temperature 2 on row 0 changes nothing.
+        let data: Vec<f32> = vec![0.0, 0.0, 0.0, 0.0, 0.0, 3f32.ln(), -100.0, -100.0];
+        let h = Tensor::<Flex, 3>::from_data(TensorData::new(data, [2, 1, 4]), &Default::default());
+        let s: Vec<f32> = sum_pi_squared_from_hidden(h.clone(), |x| x, 1.0, 1)
+            .unwrap()
+            .into_data()
+            .iter::<f32>()
+            .collect();
+        assert!(
+            (s[0] - 0.25).abs() < 1e-6 && (s[1] - 0.625).abs() < 1e-6,
+            "{s:?}"
+        );
+        let hot = sum_pi_squared_from_hidden(h.mul_scalar(100.0), |x| x, 1.0, 2).unwrap();
+        let hot: Vec<f32> = hot.into_data().iter::<f32>().collect();
+        assert!((hot[1] - 1.0).abs() < 1e-6, "{hot:?}");
+        assert!(
+            sum_pi_squared_from_hidden(
+                Tensor::<Flex, 3>::zeros([1, 1, 2], &Default::default()),
+                |x| x,
+                0.0,
+                1
+            )
+            .is_err()
+        );
+    }
 
     fn values<const D: usize>(t: Tensor<Flex, D>) -> Vec<f32> {
         t.into_data().into_vec::<f32>().unwrap()

@@ -54,6 +54,25 @@ pub enum AlgoError {
     /// A parameter outside its valid range (e.g. `clip_ratio_c <= 1`).
     #[error("invalid parameter: {0}")]
     InvalidParameter(String),
+    /// A NaN or infinite value in an input other than the scores (values, baselines,
+    /// log-probs, ...).
+    #[error("non-finite {what} {value} at flat position {index}; inputs must be finite")]
+    NonFiniteInput {
+        /// Which input.
+        what: String,
+        /// Its flat (row-major) position.
+        index: usize,
+        /// The offending value.
+        value: f64,
+    },
+    /// verl's pass@k GRPO: `ValueError` for a group with fewer than 2 responses.
+    #[error("Pass@k requires at least 2 samples per group. Got {n} for group {group}.")]
+    PassKGroupTooSmall {
+        /// The group's uid.
+        group: String,
+        /// Its number of responses.
+        n: usize,
+    },
     /// verl's `masked_whiten` needs at least two valid tokens (unbiased variance).
     #[error("batch whitening needs at least 2 valid tokens, the mask has {0}")]
     TooFewTokens(usize),

@@ -2,10 +2,14 @@
 //!
 //! What it holds (each module documents its formulas and the verl function it reproduces):
 //!
-//! * [`advantage`]: GRPO, Dr.GRPO, RLOO, REINFORCE++, REINFORCE++-baseline
-//!   (`core_algos.compute_*_outcome_advantage`), grouping by prompt uid;
-//! * [`policy_loss`]: the "vanilla" PPO-clip surrogate with clip-higher and dual clip
-//!   (`core_algos.compute_policy_loss_vanilla`) and its metrics;
+//! * [`advantage`]: every advantage estimator verl registers: GRPO, Dr.GRPO, RLOO,
+//!   REINFORCE++, REINFORCE++-baseline (`core_algos.compute_*_outcome_advantage`), grouping by
+//!   prompt uid, and in one submodule each GAE, GDPO, pass@k GRPO, OPO, ReMax, GPG and the
+//!   optimal token baseline (plain and multi-turn);
+//! * [`policy_loss`]: every policy loss of verl's registry by its name — the "vanilla"
+//!   PPO-clip surrogate with clip-higher and dual clip (`core_algos.compute_policy_loss_vanilla`),
+//!   DPPO-TV/KL, GSPO, SAPO, GPG, Clip-Cov, KL-Cov, GMPO (`geo_mean`), DRO, CISPO — and their
+//!   metrics;
 //! * [`kl`]: the k1/abs/k2/k3 KL estimators and their straight-through variants
 //!   (`core_algos.kl_penalty`), as a loss term and as a reward penalty;
 //! * [`agg_loss`]: loss aggregation modes with global (micro-batch / data-parallel)
@@ -30,16 +34,30 @@ pub mod policy_loss;
 pub mod rewards;
 mod tensor_util;
 
+pub use advantage::gae::compute_gae_advantage_return;
+pub use advantage::gdpo::{GdpoComponent, compute_gdpo_outcome_advantage};
+pub use advantage::gpg::compute_gpg_outcome_advantage;
+pub use advantage::grpo_passk::compute_grpo_passk_outcome_advantage;
+pub use advantage::opo::compute_opo_outcome_advantage;
+pub use advantage::optimal_token_baseline::{
+    OTB_EPSILON, PathVariance, compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+};
+pub use advantage::remax::compute_remax_outcome_advantage;
 pub use advantage::{
-    AdvantageEstimator, AdvantageOutput, GroupStats, HostAdvantages, compute_advantages,
-    compute_advantages_host, group_by_uid, group_scalar_advantages,
+    AdvantageEstimator, AdvantageOutput, GroupStats, HostAdvantages, TokenRewards,
+    compute_advantages, compute_advantages_host, group_by_uid, group_scalar_advantages,
 };
 pub use agg_loss::{GlobalBatchInfo, LossAggMode, agg_loss};
 pub use entropy::{
     entropy_and_logprobs_chunked, entropy_and_logprobs_from_hidden, entropy_from_logits,
-    entropy_loss, logprobs_from_logits,
+    entropy_loss, logprobs_from_logits, sum_pi_squared_from_hidden,
 };
 pub use error::{AlgoError, Result};
 pub use kl::{KlEstimator, KlKind, kl_penalty, kl_reward_penalty};
-pub use policy_loss::{ClipConfig, PolicyLossOutput, policy_loss_vanilla};
+pub use policy_loss::vanilla::policy_loss_vanilla;
+pub use policy_loss::{
+    ClipConfig, ClipCovConfig, DppoDivergence, KlCovConfig, LossAggregation, PolicyLossConfig,
+    PolicyLossInputs, PolicyLossMode, PolicyLossOutput, compute_policy_loss,
+};
 pub use tensor_util::masked_mean;

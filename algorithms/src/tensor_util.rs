@@ -55,3 +55,9 @@ pub fn masked_mean<B: Backend, const D: usize>(
     let count = mask.clone().sum();
     masked_sum(x, mask).div(count.add_scalar(1e-8))
 }
+
+/// Per-row [`masked_sum`]: `[B, T]` → `[B, 1]`, Σ_t where(m≠0, x, 0)·m.
+pub(crate) fn row_masked_sum<B: Backend>(x: Tensor<B, 2>, mask: Tensor<B, 2>) -> Tensor<B, 2> {
+    let invalid = mask.clone().equal_elem(0.0);
+    x.mask_fill(invalid, 0.0).mul(mask).sum_dim(1)
+}

@@ -289,3 +289,73 @@ fn labels_outside_the_vocabulary_are_errors() {
         entropy_and_logprobs_from_hidden(logits, ok, |h| h.narrow(1, 0, 1), 1.0, 2).unwrap_err();
     assert!(e.to_string().contains("lm_head output"), "{e}");
 }
+
+/// The registry losses: unknown names, verl's parameter checks, a bad injected permutation, and
+/// DPPO-KL's NaN divergence (p > 1) that must not reach any output.
+#[test]
+fn policy_loss_registry_errors() {
+    let e = "gpso".parse::<PolicyLossMode>().unwrap_err();
+    assert!(e.to_string().contains("gspo"), "{e}");
+    for (mode, name) in PolicyLossMode::ALL {
+        assert_eq!(name.parse::<PolicyLossMode>().unwrap(), mode);
+        assert_eq!(mode.to_string(), name);
+    }
+    let inputs = |lp: Vec<f32>| PolicyLossInputs {
+        old_log_prob: t(1, 3, vec![-0.5, 0.2, -1.0]),
+        log_prob: t(1, 3, lp),
+        advantages: t(1, 3, vec![1.0, -1.0, 1.0]),
+        response_mask: t(1, 3, vec![1.0, 1.0, 0.0]),
+        rollout_is_weights: None,
+    };
+    let lp = vec![-0.4f32, 0.3, 5.0];
+    let run = |config: PolicyLossConfig, randperm: &mut dyn FnMut(usize) -> Vec<usize>| {
+        compute_policy_loss(
+            &config,
+            inputs(lp.clone()),
+            LossAggMode::TokenMean,
+            &GlobalBatchInfo::default(),
+            randperm,
+        )
+    };
+    let none = &mut |_: usize| -> Vec<usize> { panic!("no draw expected") };
+    let with = |loss_mode| PolicyLossConfig {
+        loss_mode,
+        ..PolicyLossConfig::default()
+    };
+    // DRO needs a positive beta (verl's message).
+    let e = run(with(PolicyLossMode::Dro), none).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("policy_loss.dro_beta must be a positive value when using DRO"),
+        "{e}"
+    );
+    // kl_cov_ratio must be in (0, 1], clip_cov_ratio > 0, taus non-zero.
+    let mut c = with(PolicyLossMode::KlCov);
+    c.kl_cov.ratio = 1.5;
+    assert!(run(c, none).is_err());
+    let mut c = with(PolicyLossMode::ClipCov);
+    c.clip_cov.ratio = 0.0;
+    assert!(run(c, none).is_err());
+    let mut c = with(PolicyLossMode::Sapo);
+    c.tau_neg = 0.0;
+    assert!(run(c, none).is_err());
+    // clip_cov refuses an injected "permutation" that is not one.
+    let mut c = with(PolicyLossMode::ClipCov);
+    c.clip_cov = ClipCovConfig {
+        ratio: 1.0,
+        lb: f64::NEG_INFINITY,
+        ub: f64::INFINITY,
+    };
+    let e = run(c, &mut |k| vec![0; k]).unwrap_err();
+    assert!(e.to_string().contains("permutation"), "{e}");
+    // Two candidates, clip_num = ⌊0.5·2⌋ = 1: the first of the permutation is detached.
+    c.clip_cov.ratio = 0.5;
+    let out = run(c, &mut |k| (0..k).rev().collect()).unwrap();
+    assert_eq!(out.selected.unwrap(), vec![false, true, false]);
+    // DPPO-KL with p > 1 (log_prob > 0): the binary KL is NaN, only p vs p_old decides.
+    let out = run(with(PolicyLossMode::DppoKl), none).unwrap();
+    for m in out.metrics() {
+        assert!(host(m.1)[0].is_finite(), "{}", m.0);
+    }
+    assert!(host(out.pg_loss)[0].is_finite());
+}

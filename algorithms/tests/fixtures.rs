@@ -3,14 +3,21 @@
 //! The directory is `$FLOWRL_GRPO_FIXTURES`, or the repository's `tests/fixtures/grpo`.
 //! Files are recognised by name (`advantage*.json`, `policy_loss*.json`, `kl*.json`,
 //! `agg_loss*.json`, `entropy*.json`, `geo3k_reward*.json`) and cases by iteration, so other
-//! vector sets of the same format can be substituted.
+//! vector sets of the same format can be substituted. A `policy_loss*.json` in the registry
+//! layout (a top-level `losses` object: `policy_losses.json`) is left to
+//! `tests/policy_losses_f32.rs` and `tests/policy_losses_f64.rs`.
 //!
 //! Tolerances (fixture README): a value passes when it is within 1e-5·max(1, |want|) of the
 //! float32 field or of its `_f64` twin. Cases flagged `f32_sensitive` (the float32 reference
 //! depends on summation order) are compared with the `_f64` field only, at 2e-4·max(1, |want|);
 //! a `*_vectorized` estimator may instead match the `_f64` field of its non-vectorised twin
 //! (same kwargs), since its own `_f64` fields can still carry float32 statistics. geo3k verdicts
-//! must agree exactly. Computations run in float32 on the Flex backend (autodiff for gradients).
+//! must agree exactly. Computations run in float32 on the Flex backend (autodiff for gradients),
+//! except the advantage estimators outside [`AdvantageEstimator`] (GAE, GDPO, pass@k, OPO,
+//! ReMax, GPG, the optimal token baselines: `advantage_more.json`), which compute on the host in
+//! f64 and must match the `_f64` field within 1e-6·max(1, |want|) and the float32 field within
+//! 1e-5·max(1, |want|) (only the former when flagged `f32_sensitive`); an estimator name that
+//! flowrl does not implement is a failure.
 
 use std::path::PathBuf;
 
@@ -214,6 +221,10 @@ fn advantage_vectors() {
             for res in results {
                 let name = res["estimator"].as_str().unwrap();
                 let ctx = format!("{file}:{}:{name}:{}", case["name"], res["kwargs"]);
+                if name.parse::<AdvantageEstimator>().is_err() {
+                    check_host_estimator(&mut r, &ctx, case, res);
+                    continue;
+                }
                 let out = compute_advantages(
                     t2::<Cpu>(&inputs["token_level_rewards"], rows, cols),
                     t2::<Cpu>(&inputs["response_mask"], rows, cols),
@@ -249,6 +260,177 @@ fn advantage_vectors() {
     r.finish("advantage");
 }
 
+/// A `[B, T]` (or `[B]`) input of an advantage case as f64 (float32 values, read exactly).
+fn input(case: &Value, key: &str) -> Vec<f64> {
+    flat(&case["inputs"][key])
+}
+
+/// The estimators computed on the host in f64 (every registered one but the outcome estimators
+/// of [`AdvantageEstimator`]), called as the case's `tensor_args` and `kwargs` say; `None` for a
+/// name flowrl does not know.
+fn host_estimator(case: &Value, res: &Value) -> Option<flowrl_algorithms::Result<HostAdvantages>> {
+    let (rows, cols) = (shape(case)[0], shape(case)[1]);
+    let kwargs = &res["kwargs"];
+    let config = &kwargs["config"];
+    let index: Vec<String> = case["inputs"]["index"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    let passed = |key: &str| {
+        res["tensor_args"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == key))
+    };
+    let (rewards, mask) = (
+        input(case, "token_level_rewards"),
+        input(case, "response_mask"),
+    );
+    let batch = match TokenRewards::new(&rewards, &mask, rows, cols) {
+        Ok(b) => b,
+        Err(e) => return Some(Err(e)),
+    };
+    let epsilon = |default: f64| kwargs["epsilon"].as_f64().unwrap_or(default);
+    let norm = |v: &Value| v.as_bool().unwrap_or(true);
+    Some(match res["estimator"].as_str().unwrap() {
+        "gae" => compute_gae_advantage_return(
+            batch,
+            &input(case, "values"),
+            kwargs["gamma"].as_f64().unwrap(),
+            kwargs["lam"].as_f64().unwrap(),
+        ),
+        "gdpo" => {
+            // The components path (verl's trainer) when the raw batch was passed, else the
+            // fallback on the summed token-level rewards.
+            let keys: Vec<&str> = config["gdpo_reward_keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|k| k.as_str().unwrap())
+                .collect();
+            let scores: Vec<Vec<f64>> = keys
+                .iter()
+                .map(|k| flat(&case["inputs"]["gdpo_components"][k]))
+                .collect();
+            let weights = config["gdpo_reward_weights"].as_array();
+            let components: Vec<GdpoComponent> = scores
+                .iter()
+                .enumerate()
+                .map(|(k, s)| GdpoComponent {
+                    scores: s,
+                    weight: weights.map_or(1.0, |w| w[k].as_f64().unwrap()),
+                })
+                .collect();
+            let components_path = passed("gdpo_components") && !keys.is_empty();
+            compute_gdpo_outcome_advantage(
+                batch,
+                &index,
+                components_path.then_some(components.as_slice()),
+                epsilon(1e-6),
+                norm(&kwargs["norm_adv_by_std_in_grpo"]),
+            )
+        }
+        // verl reads the flag from the config, not from its own argument.
+        "grpo_passk" => compute_grpo_passk_outcome_advantage(
+            batch,
+            &index,
+            epsilon(1e-6),
+            norm(&config["norm_adv_by_std_in_grpo"]),
+        ),
+        "opo" => compute_opo_outcome_advantage(batch, &index),
+        "remax" => compute_remax_outcome_advantage(batch, &input(case, "reward_baselines")),
+        "gpg" => {
+            compute_gpg_outcome_advantage(batch, &index, kwargs["f_norm"].as_f64().unwrap_or(1.0))
+        }
+        name @ ("optimal_token_baseline" | "tir_optimal_token_baseline") => {
+            let (old, sq) = (input(case, "old_log_probs"), input(case, "sum_pi_squared"));
+            let weights = passed("rollout_is_weights").then(|| input(case, "rollout_is_weights"));
+            let policy = PathVariance {
+                old_log_probs: &old,
+                sum_pi_squared: &sq,
+                rollout_is_weights: weights.as_deref(),
+            };
+            let zero_tail = kwargs["handle_zero_tail"].as_bool().unwrap_or(true);
+            let eps = epsilon(OTB_EPSILON);
+            if name == "optimal_token_baseline" {
+                compute_optimal_token_baseline_advantage(batch, &index, policy, zero_tail, eps)
+            } else {
+                compute_multi_turn_optimal_token_baseline_advantage(
+                    batch, &index, policy, zero_tail, eps,
+                )
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Checks one result of a host (f64) estimator: against the `_f64` field within
+/// 1e-6·max(1, |want|) and, unless the result or case is `f32_sensitive`, against the float32
+/// field within 1e-5·max(1, |want|) (fixture README). A recorded `error` must be an error, with
+/// verl's message where flowrl reproduces it.
+fn check_host_estimator(r: &mut Report, ctx: &str, case: &Value, res: &Value) {
+    let Some(got) = host_estimator(case, res) else {
+        r.failures
+            .push(format!("{ctx}: no implementation of this estimator"));
+        return;
+    };
+    r.checked += 1;
+    let out = match (got, res.get("error")) {
+        (Ok(out), None) => out,
+        (Err(e), Some(_)) => {
+            let verl_text = !matches!(e, AlgoError::TooFewTokens(_));
+            if let Some(msg) = res["error_message"].as_str()
+                && verl_text
+                && e.to_string() != msg
+            {
+                r.failures
+                    .push(format!("{ctx}: error {e:?}, want message {msg:?}"));
+            }
+            return;
+        }
+        (Ok(_), Some(err)) => {
+            r.failures
+                .push(format!("{ctx}: want error {err}, got values"));
+            return;
+        }
+        (Err(e), None) => {
+            r.failures.push(format!("{ctx}: unexpected error {e}"));
+            return;
+        }
+    };
+    let sensitive = sensitive(case) || res["f32_sensitive"].as_bool().unwrap_or(false);
+    for (key, got) in [("advantages", &out.advantages), ("returns", &out.returns)] {
+        let twin = res.get(format!("{key}_f64")).map(flat);
+        let plain = res.get(key).map(flat);
+        let mut checks = vec![(twin, "_f64", 1e-6)];
+        if !sensitive {
+            checks.push((plain, "", 1e-5));
+        }
+        for (want, suffix, tol) in checks {
+            let Some(want) = want else {
+                r.failures.push(format!("{ctx}: no field {key}{suffix}"));
+                continue;
+            };
+            if want.len() != got.len() {
+                r.failures.push(format!(
+                    "{ctx}.{key}{suffix}: got {} values, want {}",
+                    got.len(),
+                    want.len()
+                ));
+                continue;
+            }
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                r.checked += 1;
+                if (g - w).abs() > tol * w.abs().max(1.0) {
+                    r.failures
+                        .push(format!("{ctx}.{key}{suffix}[{i}]: got {g}, want {w}"));
+                }
+            }
+        }
+    }
+}
+
 fn clip_config(s: &Value) -> ClipConfig {
     ClipConfig {
         clip_ratio: s["clip_ratio"].as_f64().unwrap(),
@@ -262,6 +444,10 @@ fn clip_config(s: &Value) -> ClipConfig {
 fn policy_loss_vectors() {
     let mut r = Report::default();
     for (file, doc) in documents("policy_loss") {
+        // The registry layout (`losses` + per-loss results) is checked by tests/policy_losses.rs.
+        if doc.get("losses").is_some() {
+            continue;
+        }
         for case in doc["cases"].as_array().unwrap() {
             let (rows, cols) = (shape(case)[0], shape(case)[1]);
             let inp = &case["inputs"];
@@ -296,7 +482,13 @@ fn policy_loss_vectors() {
                     &GlobalBatchInfo::default(),
                     false,
                 );
-                r.field(&ctx, &host(out.per_token_loss), per_token, "values", sens);
+                r.field(
+                    &ctx,
+                    &host(out.per_token_loss.unwrap()),
+                    per_token,
+                    "values",
+                    sens,
+                );
             }
             for res in case["results"].as_array().unwrap() {
                 let mode: LossAggMode = res["loss_agg_mode"].as_str().unwrap().parse().unwrap();
@@ -308,11 +500,17 @@ fn policy_loss_vectors() {
                 );
                 let (out, grad) = run(&res["setting"], mode, &info, weights);
                 r.field(&ctx, &host(out.pg_loss), res, "pg_loss", sens);
-                r.field(&ctx, &host(out.pg_clipfrac), res, "pg_clipfrac", sens);
-                r.field(&ctx, &host(out.ppo_kl), res, "ppo_kl", sens);
                 r.field(
                     &ctx,
-                    &host(out.pg_clipfrac_lower),
+                    &host(out.pg_clipfrac.unwrap()),
+                    res,
+                    "pg_clipfrac",
+                    sens,
+                );
+                r.field(&ctx, &host(out.ppo_kl.unwrap()), res, "ppo_kl", sens);
+                r.field(
+                    &ctx,
+                    &host(out.pg_clipfrac_lower.unwrap()),
                     res,
                     "pg_clipfrac_lower",
                     sens,

@@ -125,6 +125,9 @@ pub enum Code {
     BadDeviceList,
     /// `[run] device` and `[run] devices` both given (also `--device` against a list).
     DeviceConflict,
+    /// A warning: a parameter set in the graph that the node's configuration ignores (e.g. an
+    /// option the chosen loss does not read).
+    IgnoredParam,
 }
 
 impl Code {
@@ -153,6 +156,7 @@ impl Code {
             Code::DeviceNotInRun => "E0702",
             Code::BadDeviceList => "E0703",
             Code::DeviceConflict => "E0704",
+            Code::IgnoredParam => "W0501",
         }
     }
 
@@ -193,6 +197,10 @@ impl Code {
                 "bad device list (duplicate, mixed cpu/cuda, auto)",
             ),
             (Code::DeviceConflict, "both `device` and `devices` given"),
+            (
+                Code::IgnoredParam,
+                "a parameter the node's configuration ignores (warning)",
+            ),
         ]
     }
 }

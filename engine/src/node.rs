@@ -202,6 +202,15 @@ impl<'a> ValidateCtx<'a> {
         spans.value_span(key)
     }
 
+    /// Whether the graph (or a `--set` override) sets parameter `key` (dotted path for nested
+    /// tables), rather than leaving it to its default.
+    pub fn is_set(&self, key: &str) -> bool {
+        match self.subject {
+            Subject::Node(i) => self.graph.nodes[i].spans.has(key),
+            Subject::Resource(i) => self.graph.resources[i].spans.has(key),
+        }
+    }
+
     /// An error (code E0501) pointing at parameter `key`.
     pub fn error(&self, key: &str, message: impl Into<String>) -> Diagnostic {
         let spans = match self.subject {
@@ -214,6 +223,21 @@ impl<'a> ValidateCtx<'a> {
         } else {
             d.with_label(format!("`{key}` takes its default value here"))
         }
+    }
+
+    /// A warning (code W0501) pointing at parameter `key`, which the graph sets but the node's
+    /// configuration ignores; validation still succeeds.
+    pub fn warning(&self, key: &str, message: impl Into<String>) -> Diagnostic {
+        let spans = match self.subject {
+            Subject::Node(i) => &self.graph.nodes[i].spans,
+            Subject::Resource(i) => &self.graph.resources[i].spans,
+        };
+        let span = if spans.keys.contains_key(key) {
+            spans.key_span(key)
+        } else {
+            spans.value_span(key)
+        };
+        Diagnostic::warning(Code::IgnoredParam, message).at(span)
     }
 }
 

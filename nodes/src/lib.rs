@@ -7,11 +7,18 @@
 //! [`sequences`] (response log-probs in chunks), [`train`] (optimizer parameters and the guarded
 //! step), [`optim`] (AdamW, clipping, schedules with PyTorch/verl semantics), [`backend`].
 
+pub mod advantage_gdpo;
+pub mod advantage_gpg;
 pub mod advantage_grpo;
+pub mod advantage_grpo_passk;
+pub mod advantage_opo;
+pub mod advantage_optimal_token_baseline;
 pub mod advantage_reinforce_pp;
 pub mod advantage_reinforce_pp_baseline;
+pub mod advantage_remax;
 pub mod advantage_rloo;
 pub mod advantage_support;
+pub mod advantage_tir_optimal_token_baseline;
 pub mod allocator;
 pub mod backend;
 pub mod data_parallel;

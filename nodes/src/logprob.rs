@@ -5,7 +5,8 @@
 //! positions go through the LM head, `chunk` positions at a time (see [`crate::sequences`]).
 //! Logits are divided by `temperature` first, as verl's actor does (set it to the rollout's).
 //! Timing key `old_log_prob`; a reference node sets `timing = "ref"` in the graph (verl's
-//! `timing_s/ref`).
+//! `timing_s/ref`). `sum_pi_squared = true` also outputs Σ_v π_v² per response position (verl
+//! `actor.calculate_sum_pi_squared`), which the optimal-token-baseline advantage kinds read.
 
 use std::sync::Arc;
 
@@ -32,6 +33,7 @@ struct LogProbParams {
     micro_batch_size: usize,
     chunk: usize,
     entropy: bool,
+    sum_pi_squared: bool,
 }
 
 impl NodeKind for LogProbKind {
@@ -78,6 +80,10 @@ impl NodeKind for LogProbKind {
             ParamSpec::bool("entropy")
                 .default(false)
                 .doc("also output the per-token entropy"),
+            ParamSpec::bool("sum_pi_squared").default(false).doc(
+                "also output Σ_v π_v² per position (verl actor.calculate_sum_pi_squared; read by \
+                 advantage.optimal_token_baseline)",
+            ),
         ]
     }
 
@@ -115,26 +121,38 @@ impl Node for LogProbNode {
             self.p.temperature,
             self.p.micro_batch_size,
             self.p.chunk,
-            self.p.entropy,
+            Extras {
+                entropy: self.p.entropy,
+                sum_pi_squared: self.p.sum_pi_squared,
+            },
             &self.replicas,
         )?;
         Ok(Outputs::new().with("log_probs", out))
     }
 }
 
-/// Log-probs (and optionally entropies) of every response token of `rollouts` under `model`,
-/// the rows split over `replicas` ([`crate::data_parallel`]) and gathered.
+/// What [`token_log_probs`] computes besides the log-probs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extras {
+    /// The per-token entropy.
+    pub entropy: bool,
+    /// Σ_v π_v² per position.
+    pub sum_pi_squared: bool,
+}
+
+/// Log-probs (and optionally entropies and Σπ²) of every response token of `rollouts` under
+/// `model`, the rows split over `replicas` ([`crate::data_parallel`]) and gathered.
 pub fn token_log_probs(
     model: &ModelResource,
     rollouts: &RolloutBatch,
     temperature: f64,
     micro_batch_size: usize,
     chunk: usize,
-    with_entropy: bool,
+    extras: Extras,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
     on_backend!(model.backend(), B => {
-        log_probs_on::<B>(model, rollouts, temperature, micro_batch_size, chunk, with_entropy, replicas)
+        log_probs_on::<B>(model, rollouts, temperature, micro_batch_size, chunk, extras, replicas)
     })
 }
 
@@ -145,31 +163,36 @@ fn log_probs_on<B: FlowBackend>(
     temperature: f64,
     micro_batch_size: usize,
     chunk: usize,
-    with_entropy: bool,
+    extras: Extras,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
     let infer = model.inference_model::<B>()?;
     let (b, t) = (rollouts.len(), rollouts.response_len());
-    // A gathered row: [log-probs (t) | entropies (t) when asked].
-    let width = if with_entropy { 2 * t } else { t };
+    // A gathered row: [log-probs (t) | entropies (t) when asked | Σπ² (t) when asked].
+    let width = t * (1 + extras.entropy as usize + extras.sum_pi_squared as usize);
     let gathered = replicas.run(|r| {
         let (infer, device) = replica_copy::<B>(&infer, r.device)?;
         let rows: Vec<usize> = shard(b, r.world, r.index).collect();
         let mut mine = Vec::with_capacity(rows.len());
         for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
             let seq = SequenceBatch::new(rollouts, chunk_rows)?;
-            let out = seq.log_probs(&infer, temperature, chunk, &device)?;
+            let (out, sq) = if extras.sum_pi_squared {
+                let (out, sq) =
+                    seq.log_probs_and_sum_pi_squared(&infer, temperature, chunk, &device)?;
+                (out, Some(masked_host(sq, &seq.mask)?))
+            } else {
+                (seq.log_probs(&infer, temperature, chunk, &device)?, None)
+            };
             let lp = masked_host(out.log_probs, &seq.mask)?;
-            let h = if with_entropy {
+            let h = if extras.entropy {
                 Some(masked_host(out.entropy, &seq.mask)?)
             } else {
                 None
             };
             for (k, &row) in chunk_rows.iter().enumerate() {
                 let mut v = Vec::with_capacity(width);
-                v.extend_from_slice(&lp[k * t..(k + 1) * t]);
-                if let Some(h) = &h {
-                    v.extend_from_slice(&h[k * t..(k + 1) * t]);
+                for part in std::iter::once(&lp).chain(h.as_ref()).chain(sq.as_ref()) {
+                    v.extend_from_slice(&part[k * t..(k + 1) * t]);
                 }
                 mine.push((row, v));
             }
@@ -178,15 +201,22 @@ fn log_probs_on<B: FlowBackend>(
     })?;
     let all = &gathered[0];
     let mut log_probs = TokenMatrix::zeros(b, t);
-    let mut entropy = with_entropy.then(|| TokenMatrix::zeros(b, t));
+    let mut entropy = extras.entropy.then(|| TokenMatrix::zeros(b, t));
+    let mut sum_pi_squared = extras.sum_pi_squared.then(|| TokenMatrix::zeros(b, t));
     for r in 0..b {
-        let v = &all[r * width..(r + 1) * width];
-        log_probs.row_mut(r).copy_from_slice(&v[..t]);
-        if let Some(e) = entropy.as_mut() {
-            e.row_mut(r).copy_from_slice(&v[t..]);
+        let row = &all[r * width..(r + 1) * width];
+        let outputs = std::iter::once(&mut log_probs)
+            .chain(entropy.as_mut())
+            .chain(sum_pi_squared.as_mut());
+        for (k, m) in outputs.enumerate() {
+            m.row_mut(r).copy_from_slice(&row[k * t..(k + 1) * t]);
         }
     }
-    Ok(TokenLogProbs { log_probs, entropy })
+    Ok(TokenLogProbs {
+        log_probs,
+        entropy,
+        sum_pi_squared,
+    })
 }
 
 flowrl_engine::register_node_kind!(LogProbKind);

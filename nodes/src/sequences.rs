@@ -180,6 +180,34 @@ impl SequenceBatch {
         Ok(ResponseLogProbs { log_probs, entropy })
     }
 
+    /// [`Self::log_probs`] and Σ_v π_v² `[b, T]` of the same (temperature-scaled) distributions
+    /// (verl's `calculate_sum_pi_squared`, read by the optimal-token-baseline estimators), from
+    /// one trunk pass; the LM head runs twice over the response positions.
+    pub fn log_probs_and_sum_pi_squared<B: Backend>(
+        &self,
+        model: &Model<B>,
+        temperature: f64,
+        chunk: usize,
+        device: &B::Device,
+    ) -> Result<(ResponseLogProbs<B>, Tensor<B, 2>)> {
+        let (response_hidden, labels) = self.response_hidden(model, device)?;
+        let lm = model.causal_lm();
+        let (entropy, log_probs) = flowrl_algorithms::entropy_and_logprobs_from_hidden(
+            response_hidden.clone(),
+            labels,
+            |h| lm.lm_head(h),
+            temperature,
+            chunk,
+        )?;
+        let sum_pi_squared = flowrl_algorithms::sum_pi_squared_from_hidden(
+            response_hidden,
+            |h| lm.lm_head(h),
+            temperature,
+            chunk,
+        )?;
+        Ok((ResponseLogProbs { log_probs, entropy }, sum_pi_squared))
+    }
+
     /// The gradients of `loss_of(log_probs, entropy)` over these rows with respect to `model`'s
     /// parameters, computing in `precision`, by the two-stage backward of
     /// [`chunked_loss_backward`]: one forward of the trunk on one [`compute_view`] of `model`,

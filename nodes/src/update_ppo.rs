@@ -9,7 +9,7 @@
 //! L = pg_loss − entropy_coeff · agg(entropy) + kl.coef · agg(kl(logπ, logπ_ref))
 //! ```
 //!
-//! (`flowrl_algorithms::policy_loss_vanilla`, `kl_penalty`, `agg_loss`), with `agg` normalised
+//! (`flowrl_algorithms::compute_policy_loss`, `kl_penalty`, `agg_loss`), with `agg` normalised
 //! over the **whole mini-batch** (`GlobalBatchInfo`: its valid-token count for `token-mean`, its
 //! response count for the `seq-mean-*` modes), so the summed micro-batch gradients equal the
 //! gradient of the mini-batch loss whatever the micro-batch size. After the last micro-batch:
@@ -17,15 +17,25 @@
 //! loss or the gradient norm is not finite, the step is skipped and counted
 //! (`actor/skipped_steps`).
 //!
+//! `pg_loss` is the loss that `policy_loss` names by its verl registry name
+//! (`actor.policy_loss.loss_mode`; default `vanilla`, PPO-clip), with verl's option names and
+//! defaults (`clip_ratio*`, `tau_pos`, `tau_neg`, `clip_cov_*`, `kl_cov_ratio`, `ppo_kl_coef`,
+//! `dro_beta`) and verl's semantics, including what a loss ignores: gspo and sapo always
+//! aggregate `seq-mean-token-mean`, geo_mean averages over the micro-batch's sequences (no mode,
+//! no mini-batch normalisation: the mini-batch loss is the sum of its micro-batch means, as in
+//! verl). Validation warns about each option the graph sets that the chosen loss ignores.
+//! clip_cov's random subset of tokens is drawn from a stream derived from (run seed, step, node,
+//! epoch, mini-batch, micro-batch).
+//!
 //! `old_log_probs` is optional: when it is not wired, the update is on-policy and the old
 //! log-probs are the current ones, detached (valid only with one epoch over one mini-batch;
 //! checked). `ref_log_probs` is required by the KL loss.
 //!
 //! Metrics: `actor/pg_loss` and `actor/kl_loss` (mini-batch losses, mean over mini-batches),
-//! `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`, `actor/ppo_kl`, `actor/entropy` (means over
-//! micro-batches), `actor/grad_norm` (mean over applied steps), `actor/lr`, `actor/kl_coef`,
-//! `actor/skipped_steps`. Autodiff graphs live only inside one micro-batch. Timing key
-//! `update_actor`.
+//! `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`, `actor/ppo_kl` (those the loss reports, see
+//! `PolicyLossMode::metric_keys`), `actor/entropy` (means over micro-batches), `actor/grad_norm`
+//! (mean over applied steps), `actor/lr`, `actor/kl_coef`, `actor/skipped_steps`. Autodiff
+//! graphs live only inside one micro-batch. Timing key `update_actor`.
 //!
 //! Each micro-batch's gradient comes from the two-stage backward of
 //! [`crate::sequences::chunked_loss_backward`]: the log-probs and entropies as values (every
@@ -40,13 +50,17 @@ use anyhow::{Context, Result, bail, ensure};
 use burn::optim::GradientsAccumulator;
 use burn::prelude::{Backend, Tensor};
 use flowrl_algorithms::{
-    ClipConfig, GlobalBatchInfo, KlEstimator, LossAggMode, PolicyLossOutput, agg_loss, kl_penalty,
-    masked_mean, policy_loss_vanilla,
+    ClipConfig, ClipCovConfig, GlobalBatchInfo, KlCovConfig, KlEstimator, LossAggMode,
+    LossAggregation, PolicyLossConfig, PolicyLossInputs, PolicyLossMode, PolicyLossOutput,
+    agg_loss, compute_policy_loss, kl_penalty, masked_mean,
 };
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
     PortType, StepContext, ValidateCtx, derive_seed,
 };
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use serde::Deserialize;
 
 use crate::backend::{FlowBackend, device_of, on_backend};
@@ -80,10 +94,19 @@ struct PpoParams {
     mini_batch_size: Option<usize>,
     micro_batch_size: Option<usize>,
     ppo_epochs: usize,
+    policy_loss: String,
     clip_ratio: f64,
     clip_ratio_low: Option<f64>,
     clip_ratio_high: Option<f64>,
     clip_ratio_c: f64,
+    tau_pos: f64,
+    tau_neg: f64,
+    clip_cov_ratio: f64,
+    clip_cov_lb: f64,
+    clip_cov_ub: f64,
+    kl_cov_ratio: f64,
+    ppo_kl_coef: f64,
+    dro_beta: Option<f64>,
     loss_agg_mode: String,
     kl: Option<KlParams>,
     entropy_coeff: f64,
@@ -97,9 +120,10 @@ impl NodeKind for PpoUpdateKind {
     }
 
     fn doc(&self) -> &str {
-        "PPO/GRPO policy update (verl's actor): clipped policy loss + optional KL loss + optional \
-         entropy bonus; mini-batches × epochs × micro-batches with gradient accumulation normalised \
-         over the mini-batch; global-norm clipping; AdamW with warm-up; non-finite steps skipped."
+        "PPO/GRPO policy update (verl's actor): a policy loss of verl's registry (`policy_loss`, \
+         default PPO-clip) + optional KL loss + optional entropy bonus; mini-batches × epochs × \
+         micro-batches with gradient accumulation normalised over the mini-batch; global-norm \
+         clipping; AdamW with warm-up; non-finite steps skipped."
     }
 
     fn inputs(&self) -> Vec<PortSpec> {
@@ -132,16 +156,27 @@ impl NodeKind for PpoUpdateKind {
                 .min(1.0)
                 .doc("responses per forward/backward (verl ppo_micro_batch_size_per_gpu); default: the mini-batch"),
             ParamSpec::int("ppo_epochs").default(1).min(1.0).doc("passes over the batch"),
-            ParamSpec::float("clip_ratio").default(0.2).min(0.0).doc("PPO ε"),
+            ParamSpec::one_of("policy_loss", &PolicyLossMode::ALL.map(|(_, n)| n))
+                .default("vanilla")
+                .doc("policy loss by verl's name (actor.policy_loss.loss_mode; vanilla = PPO-clip with dual clip); the options below say which losses read them, and `flowrl validate` warns about a set option the loss ignores"),
+            ParamSpec::float("clip_ratio").default(0.2).min(0.0).doc("ε: bounds the ratio (vanilla, gspo, clip_cov, cispo), the probability difference or binary KL (dppo_*), the log-ratio (geo_mean)"),
             ParamSpec::float("clip_ratio_low").min(0.0).doc("lower ε (default clip_ratio)"),
             ParamSpec::float("clip_ratio_high").min(0.0).doc("upper ε (default clip_ratio; > low is clip-higher)"),
-            ParamSpec::float("clip_ratio_c").default(3.0).gt(1.0).doc("dual-clip constant"),
+            ParamSpec::float("clip_ratio_c").default(3.0).gt(1.0).doc("dual-clip constant (vanilla); importance-ratio truncation (dppo_*)"),
+            ParamSpec::float("tau_pos").default(1.0).gt(0.0).doc("sapo: gate temperature where A > 0"),
+            ParamSpec::float("tau_neg").default(1.05).gt(0.0).doc("sapo: gate temperature where A <= 0"),
+            ParamSpec::float("clip_cov_ratio").default(0.0002).gt(0.0).doc("clip_cov: at most this fraction of the tokens is detached"),
+            ParamSpec::float("clip_cov_lb").default(1.0).doc("clip_cov: a detached token's covariance is above this"),
+            ParamSpec::float("clip_cov_ub").default(5.0).doc("clip_cov: a detached token's covariance is below this"),
+            ParamSpec::float("kl_cov_ratio").default(0.0002).gt(0.0).max(1.0).doc("kl_cov: fraction of the tokens (largest covariance) that get the KL penalty"),
+            ParamSpec::float("ppo_kl_coef").default(0.1).doc("kl_cov: coefficient of the |log-ratio| penalty"),
+            ParamSpec::float("dro_beta").gt(0.0).doc("dro: β of the ½·β·δ² penalty (required by dro)"),
             ParamSpec::one_of(
                 "loss_agg_mode",
                 &LossAggMode::ALL.map(|(_, n)| n),
             )
             .default("token-mean")
-            .doc("loss aggregation (verl loss_agg_mode)"),
+            .doc("loss aggregation (verl loss_agg_mode; gspo and sapo aggregate their policy loss seq-mean-token-mean, geo_mean per sequence, whatever it says)"),
             ParamSpec::table(
                 "kl",
                 vec![
@@ -174,7 +209,7 @@ impl NodeKind for PpoUpdateKind {
 
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
         let p = ctx.params();
-        let mut out = Vec::new();
+        let mut out = loss_diagnostics(ctx);
         if p.get("kl").is_some() && ctx.input("ref_log_probs").is_none() {
             out.push(ctx.error(
                 "kl",
@@ -229,13 +264,28 @@ impl NodeKind for PpoUpdateKind {
             p.model,
             ctx.node
         );
-        let clip = ClipConfig {
-            clip_ratio: p.clip_ratio,
-            clip_ratio_low: p.clip_ratio_low,
-            clip_ratio_high: p.clip_ratio_high,
-            clip_ratio_c: p.clip_ratio_c,
+        let policy = PolicyLossConfig {
+            loss_mode: p.policy_loss.parse()?,
+            clip: ClipConfig {
+                clip_ratio: p.clip_ratio,
+                clip_ratio_low: p.clip_ratio_low,
+                clip_ratio_high: p.clip_ratio_high,
+                clip_ratio_c: p.clip_ratio_c,
+            },
+            tau_pos: p.tau_pos,
+            tau_neg: p.tau_neg,
+            clip_cov: ClipCovConfig {
+                ratio: p.clip_cov_ratio,
+                lb: p.clip_cov_lb,
+                ub: p.clip_cov_ub,
+            },
+            kl_cov: KlCovConfig {
+                ratio: p.kl_cov_ratio,
+                coef: p.ppo_kl_coef,
+            },
+            dro_beta: p.dro_beta,
         };
-        clip.validate()?;
+        policy.validate()?;
         let mode: LossAggMode = p.loss_agg_mode.parse()?;
         let kl = match &p.kl {
             Some(k) => Some((k.estimator.parse::<KlEstimator>()?, k.coef)),
@@ -249,7 +299,7 @@ impl NodeKind for PpoUpdateKind {
             p,
             model,
             loss: PpoLoss {
-                clip,
+                policy,
                 mode,
                 entropy_coeff,
                 kl,
@@ -399,16 +449,19 @@ impl PpoUpdateNode {
         let rows: Vec<usize> = (0..b).collect();
         let world = self.replicas.world();
         let dropout_base = ctx.derive_seed("lora.dropout");
+        let loss_base = ctx.derive_seed("policy_loss");
         for epoch in 0..self.p.ppo_epochs {
             for (k, mini) in rows.chunks(mini_rows).enumerate() {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
                 let mini_seed = derive_seed(dropout_base, (epoch * b + k) as u64, "mini-batch");
+                let loss_seed = derive_seed(loss_base, (epoch * b + k) as u64, "mini-batch");
                 let step = replicated_grads(&self.replicas, &state.model, mini, |model, mine| {
                     // LoRA dropout masks: one stream per (step, epoch, mini-batch, replica shard).
                     let first = mine.first().map_or(u64::MAX, |&r| r as u64);
                     let _scope = DropoutScope::enter(derive_seed(mini_seed, first, "rows"));
                     self.mini_batch_grads(
                         model, precision, rollouts, adv, old, reference, &info, mine, micro_rows,
+                        loss_seed,
                     )
                 })
                 .with_context(|| format!("update `{}`", ctx.node_name()))?;
@@ -457,13 +510,16 @@ impl PpoUpdateNode {
         }
         let m = &sums.micro;
         if m.count > 0.0 {
+            let reported = self.loss.policy.loss_mode.metric_keys();
             for (name, v) in [
                 ("actor/pg_clipfrac", m.clipfrac),
                 ("actor/pg_clipfrac_lower", m.clipfrac_lower),
                 ("actor/ppo_kl", m.ppo_kl),
                 ("actor/entropy", m.entropy),
             ] {
-                ctx.metric(name, v / m.count);
+                if name == "actor/entropy" || reported.contains(&name) {
+                    ctx.metric(name, v / m.count);
+                }
             }
         }
         if let Some((_, coef)) = self.loss.kl {
@@ -479,7 +535,8 @@ impl PpoUpdateNode {
 
     /// One replica's accumulated gradients over its rows `mine` of a mini-batch (`None` when a
     /// micro-batch loss is not finite), with its [`MicroSums`]. The loss is normalised by the
-    /// mini-batch's `info` (its token and row counts, scaled by the replica count).
+    /// mini-batch's `info` (its token and row counts, scaled by the replica count); `loss_seed`
+    /// seeds the loss's random draws (clip_cov), per micro-batch by its first row.
     #[allow(clippy::too_many_arguments)]
     fn mini_batch_grads<B: FlowBackend>(
         &self,
@@ -492,6 +549,7 @@ impl PpoUpdateNode {
         info: &GlobalBatchInfo,
         mine: &[usize],
         micro_rows: usize,
+        loss_seed: u64,
     ) -> Result<PartialStep> {
         let device = device_of(model);
         let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
@@ -525,14 +583,16 @@ impl PpoUpdateNode {
                         mask.clone(),
                         reference.map(|r| rows_tensor::<B>(&r.log_probs, micro, &device)),
                         info,
+                        derive_seed(loss_seed, micro[0] as u64, "rows"),
                     )?;
                     if let Some(kl_loss) = &parts.kl_loss {
                         sums.kl_loss += scalar(kl_loss.clone().detach());
                     }
                     sums.pg_loss += scalar(parts.policy.pg_loss.clone().detach());
-                    sums.clipfrac += scalar(parts.policy.pg_clipfrac);
-                    sums.clipfrac_lower += scalar(parts.policy.pg_clipfrac_lower);
-                    sums.ppo_kl += scalar(parts.policy.ppo_kl);
+                    let metric = |m: Option<Tensor<B, 1>>| m.map_or(0.0, scalar);
+                    sums.clipfrac += metric(parts.policy.pg_clipfrac);
+                    sums.clipfrac_lower += metric(parts.policy.pg_clipfrac_lower);
+                    sums.ppo_kl += metric(parts.policy.ppo_kl);
                     Ok(parts.loss)
                 },
             )?;
@@ -558,7 +618,9 @@ impl PpoUpdateNode {
 /// normalised by the mini-batch's [`GlobalBatchInfo`].
 #[derive(Debug, Clone, Copy)]
 pub struct PpoLoss {
-    pub clip: ClipConfig,
+    /// The policy loss and its options (`policy_loss`, `clip_ratio*`, ...).
+    pub policy: PolicyLossConfig,
+    /// `loss_agg_mode`: of the policy loss where it honours it, and of the KL and entropy terms.
     pub mode: LossAggMode,
     pub entropy_coeff: f64,
     /// The KL estimator and its coefficient (`None`: no KL term).
@@ -578,8 +640,9 @@ pub struct PpoLossTerms<B: Backend> {
 impl PpoLoss {
     /// The loss of one micro-batch from its log-probs and entropies `[b, T]`, the old and
     /// (with a KL term) the reference log-probs, the advantages and the response mask, with
-    /// the algorithm functions (`policy_loss_vanilla`, `agg_loss`, `kl_penalty`). The KL term
-    /// is added when both `kl` and `ref_log_probs` are present.
+    /// the algorithm functions (`compute_policy_loss`, `agg_loss`, `kl_penalty`). The KL term
+    /// is added when both `kl` and `ref_log_probs` are present. `seed` seeds the policy loss's
+    /// random draws (clip_cov's `randperm`); the other losses draw none.
     #[allow(clippy::too_many_arguments)]
     pub fn terms<B: Backend>(
         &self,
@@ -590,17 +653,22 @@ impl PpoLoss {
         mask: Tensor<B, 2>,
         ref_log_probs: Option<Tensor<B, 2>>,
         info: &GlobalBatchInfo,
+        seed: u64,
     ) -> Result<PpoLossTerms<B>> {
-        let policy = policy_loss_vanilla(
-            old_log_probs,
-            log_probs.clone(),
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut randperm = |k: usize| {
+            let mut perm: Vec<usize> = (0..k).collect();
+            perm.shuffle(&mut rng);
+            perm
+        };
+        let inputs = PolicyLossInputs {
+            old_log_prob: old_log_probs,
+            log_prob: log_probs.clone(),
             advantages,
-            mask.clone(),
-            None,
-            &self.clip,
-            self.mode,
-            info,
-        )?;
+            response_mask: mask.clone(),
+            rollout_is_weights: None,
+        };
+        let policy = compute_policy_loss(&self.policy, inputs, self.mode, info, &mut randperm)?;
         let mut loss = policy.pg_loss.clone();
         if self.entropy_coeff != 0.0 {
             let ent = agg_loss(entropy, mask.clone(), self.mode, info)?;
@@ -619,6 +687,84 @@ impl PpoLoss {
             kl_loss,
         })
     }
+}
+
+/// The policy loss's diagnostics: a warning for each option the graph sets that the chosen loss
+/// ignores (as verl ignores it), and DRO's required `dro_beta`.
+fn loss_diagnostics(ctx: &ValidateCtx) -> Vec<Diagnostic> {
+    let p = ctx.params();
+    let Some(loss) = p
+        .get_str("policy_loss")
+        .and_then(|n| n.parse::<PolicyLossMode>().ok())
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let reads = loss.reads();
+    // Every option of any loss, in declaration order.
+    let mut options: Vec<&str> = Vec::new();
+    for (mode, _) in PolicyLossMode::ALL {
+        for key in mode.reads() {
+            if !options.contains(key) {
+                options.push(key);
+            }
+        }
+    }
+    for key in options {
+        if ctx.is_set(key) && !reads.contains(&key) {
+            let used = if reads.is_empty() {
+                "it reads none of the loss options".to_string()
+            } else {
+                format!("it reads {}", reads.join(", "))
+            };
+            out.push(ctx.warning(
+                key,
+                format!("`{key}` has no effect with policy_loss = \"{loss}\" ({used})"),
+            ));
+        }
+    }
+    let other_terms = p.get("kl").is_some() || p.get_f64("entropy_coeff").is_some_and(|c| c != 0.0);
+    let scope = if other_terms {
+        "; it still applies to the KL and entropy terms"
+    } else {
+        ""
+    };
+    match loss.aggregation() {
+        LossAggregation::Fixed(fixed) if ctx.is_set("loss_agg_mode") => {
+            out.push(ctx.warning(
+                "loss_agg_mode",
+                format!(
+                    "policy_loss = \"{loss}\" always aggregates its policy loss with {fixed} (as in verl), whatever `loss_agg_mode` says{scope}"
+                ),
+            ));
+        }
+        LossAggregation::RowMean => {
+            if ctx.is_set("loss_agg_mode") {
+                out.push(ctx.warning(
+                    "loss_agg_mode",
+                    format!(
+                        "policy_loss = \"{loss}\" averages its policy loss over the sequences of each micro-batch (as in verl), whatever `loss_agg_mode` says{scope}"
+                    ),
+                ));
+            }
+            if ctx.is_set("micro_batch_size") {
+                out.push(ctx.warning(
+                    "micro_batch_size",
+                    format!(
+                        "policy_loss = \"{loss}\" ignores the mini-batch normalisation (as in verl): the mini-batch's policy loss is the sum of its micro-batch means, so the gradient scales with the number of micro-batches"
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
+    if loss == PolicyLossMode::Dro && p.get_f64("dro_beta").is_none() {
+        out.push(ctx.error(
+            "policy_loss",
+            "policy_loss = \"dro\" needs `dro_beta` > 0 (verl: policy_loss.dro_beta must be a positive value when using DRO)",
+        ));
+    }
+    out
 }
 
 flowrl_engine::register_node_kind!(PpoUpdateKind);

@@ -295,6 +295,9 @@ pub struct TokenLogProbs {
     pub log_probs: TokenMatrix,
     /// Optional `[B, T]` per-token entropy of the same distribution (when requested).
     pub entropy: Option<TokenMatrix>,
+    /// Optional `[B, T]` Σ_v π_v² of the same distribution at every response position (verl's
+    /// `sum_pi_squared`, when requested; 0.0 at padding).
+    pub sum_pi_squared: Option<TokenMatrix>,
 }
 
 /// Per-token advantages and returns `[B, T]`, 0.0 at padding (verl's `advantages`, `returns`).

@@ -6,6 +6,7 @@
 //! - `update.ppo`'s loss (clip-higher, dual clip, entropy bonus, low-variance KL against a
 //!   reference) in every `loss_agg_mode`, with chunk sizes 1, 3, 4 (at least one not dividing T) and T, on rows
 //!   with images and on the same rows without them;
+//! - every other policy loss of verl's registry (`policy_loss`), once each;
 //! - `update.sft`'s loss on the prompts' targets;
 //! - mixed precision (a bf16 view of the f32 masters): every parameter still gets its gradient,
 //!   in f32, within bf16 rounding of the single bf16 graph, and no farther from the f32 gradient
@@ -20,7 +21,9 @@ use std::sync::Arc;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use flowrl_algorithms::{ClipConfig, GlobalBatchInfo, LossAggMode};
+use flowrl_algorithms::{
+    ClipConfig, ClipCovConfig, GlobalBatchInfo, LossAggMode, PolicyLossConfig, PolicyLossMode,
+};
 use flowrl_engine::DeviceSpec;
 use flowrl_models::Model;
 use flowrl_models::weights::Precision;
@@ -33,6 +36,15 @@ use flowrl_nodes::values::TokenMatrix;
 use flowrl_nodes::{PromptBatch, RolloutBatch};
 
 type Ad = CpuBackend;
+
+/// Serialises this file's tests: burn 0.21's autodiff lets a `backward()` on one thread free
+/// the graph steps another thread is still building (tracel-ai/burn#5573, fixed after 0.21),
+/// which loses a parameter's gradient at random when these tests run in parallel.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 type Inner = <Ad as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 
 /// A fresh copy of the tiny policy, as the nodes load it.
@@ -220,11 +232,14 @@ fn ppo_inputs(r: &RolloutBatch, lp: &[f32]) -> PpoInputs {
 /// `update.ppo`'s loss with every term on.
 fn ppo_loss(mode: LossAggMode) -> PpoLoss {
     PpoLoss {
-        clip: ClipConfig {
-            clip_ratio: 0.2,
-            clip_ratio_low: None,
-            clip_ratio_high: Some(0.28),
-            clip_ratio_c: 3.0,
+        policy: PolicyLossConfig {
+            clip: ClipConfig {
+                clip_ratio: 0.2,
+                clip_ratio_low: None,
+                clip_ratio_high: Some(0.28),
+                clip_ratio_c: 3.0,
+            },
+            ..PolicyLossConfig::default()
         },
         mode,
         entropy_coeff: 0.05,
@@ -249,8 +264,14 @@ fn ppo_closure<'a>(
             seq.mask_tensor::<Ad>(&device),
             Some(matrix(x.reference.clone(), b, t, &device)),
             &x.info,
+            0,
         )?;
-        let clipfrac = parts.policy.pg_clipfrac.into_scalar().elem::<f64>();
+        let clipfrac = parts
+            .policy
+            .pg_clipfrac
+            .unwrap()
+            .into_scalar()
+            .elem::<f64>();
         assert!(clipfrac > 0.0, "no ratio was clipped");
         Ok(parts.loss)
     }
@@ -258,6 +279,7 @@ fn ppo_closure<'a>(
 
 #[test]
 fn two_stage_ppo_gradients_equal_the_single_graph_in_every_mode_and_chunking() {
+    let _serial = serial();
     let (_, rollouts, lp) = rollouts();
     let resource = policy();
     let state = resource.lock::<Ad>().unwrap();
@@ -310,6 +332,7 @@ fn two_stage_ppo_gradients_equal_the_single_graph_in_every_mode_and_chunking() {
 
 #[test]
 fn two_stage_ppo_gradients_at_a_sampling_temperature() {
+    let _serial = serial();
     let (_, rollouts, lp) = rollouts();
     let resource = policy();
     let state = resource.lock::<Ad>().unwrap();
@@ -339,8 +362,68 @@ fn two_stage_ppo_gradients_at_a_sampling_temperature() {
     assert!(d <= 1e-5, "gradients differ by {d:.2e} (relative)");
 }
 
+/// Every loss of verl's registry (`policy_loss = ...`) through the two-stage backward: the same
+/// gradient as the single graph (chunk 3 does not divide T), with the entropy bonus and KL term.
+#[test]
+fn two_stage_gradients_equal_the_single_graph_for_every_policy_loss() {
+    let _serial = serial();
+    let (_, rollouts, lp) = rollouts();
+    let resource = policy();
+    let state = resource.lock::<Ad>().unwrap();
+    let model = &state.model;
+    let x = ppo_inputs(&rollouts, &lp);
+    let rows: Vec<usize> = (0..rollouts.len()).collect();
+    let seq = SequenceBatch::new(&rollouts, &rows).unwrap();
+    for (loss_mode, name) in PolicyLossMode::ALL {
+        let mut loss = ppo_loss(LossAggMode::TokenMean);
+        loss.policy.loss_mode = loss_mode;
+        loss.policy.dro_beta = Some(0.1);
+        // Enough covariance candidates that clip_cov and kl_cov select tokens.
+        loss.policy.clip_cov = ClipCovConfig {
+            ratio: 0.2,
+            lb: 0.0,
+            ub: 100.0,
+        };
+        loss.policy.kl_cov.ratio = 0.2;
+        let closure = || {
+            let (x, seq) = (&x, &seq);
+            move |lp: Tensor<Ad, 2>, ent: Tensor<Ad, 2>| {
+                let device = Default::default();
+                let [b, t] = lp.dims();
+                let parts = loss.terms(
+                    lp,
+                    ent,
+                    matrix(x.old.clone(), b, t, &device),
+                    matrix(x.advantages.clone(), b, t, &device),
+                    seq.mask_tensor::<Ad>(&device),
+                    Some(matrix(x.reference.clone(), b, t, &device)),
+                    &x.info,
+                    7,
+                )?;
+                if loss_mode.draws_random_numbers() || loss_mode == PolicyLossMode::KlCov {
+                    let selected = parts.policy.selected.as_ref().unwrap();
+                    assert!(selected.iter().any(|&s| s), "{name}: nothing selected");
+                }
+                Ok(parts.loss)
+            }
+        };
+        let (la, a) = two_stage(model, Precision::F32, &seq, 1.0, 3, closure());
+        let (lb, b) = single_graph(model, Precision::F32, &seq, 1.0, 3, closure());
+        let what = format!("update.ppo policy_loss = {name}, chunk 3");
+        assert!(la.is_finite(), "{what}: loss {la}");
+        assert!(
+            (la - lb).abs() <= 1e-6 * lb.abs().max(1e-3),
+            "{what}: loss {la} vs {lb}"
+        );
+        let d = max_relative(model, &a, &b, &what);
+        eprintln!("{what}: max relative difference {d:.2e}");
+        assert!(d <= 1e-5, "{what}: gradients differ by {d:.2e} (relative)");
+    }
+}
+
 #[test]
 fn two_stage_sft_gradients_equal_the_single_graph() {
+    let _serial = serial();
     let (prompts, rollouts, _) = rollouts();
     let resource = policy();
     let targets = target_batch(&resource, &prompts, "The answer is {answer}.").unwrap();
@@ -400,6 +483,7 @@ fn two_stage_sft_gradients_equal_the_single_graph() {
 /// (the tied embedding both shares), within bf16 rounding of the single bf16 graph.
 #[test]
 fn two_stage_gradients_reach_the_f32_masters_through_a_bf16_view() {
+    let _serial = serial();
     let (_, rollouts, lp) = rollouts();
     let resource = policy();
     let state = resource.lock::<Ad>().unwrap();
@@ -462,6 +546,7 @@ fn two_stage_gradients_reach_the_f32_masters_through_a_bf16_view() {
 /// a non-finite loss returns no gradients (the nodes skip the step).
 #[test]
 fn two_stage_values_are_the_single_graph_values_and_a_non_finite_loss_has_no_gradients() {
+    let _serial = serial();
     let (_, rollouts, _) = rollouts();
     let resource = policy();
     let state = resource.lock::<Ad>().unwrap();

@@ -309,7 +309,11 @@ pub fn from_json(
                 Some(e) => Some(token_rows("entropy", e, rollouts)?),
                 None => None,
             };
-            Ok(OutValue::LogProbs(TokenLogProbs { log_probs, entropy }))
+            Ok(OutValue::LogProbs(TokenLogProbs {
+                log_probs,
+                entropy,
+                sum_pi_squared: None,
+            }))
         }
         other => Err(format!(
             "has port type {other}, which a program cannot produce"
