@@ -44,11 +44,16 @@ impl<B: Backend> Linear<B> {
     }
 
     pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
+        let name = format!("{prefix}.weight");
+        // A streamed merged save visits the model once per shard: merge only for the shard that
+        // keeps this weight.
         let weight = match &self.lora {
-            Some(lora) if sink.merges_adapters() => lora.merge_into(self.weight.val()),
+            Some(lora) if sink.merges_adapters() && sink.wants(&name) => {
+                lora.merge_into(self.weight.val())
+            }
             _ => self.weight.val(),
         };
-        sink.put(&format!("{prefix}.weight"), weight);
+        sink.put(&name, weight);
         if let Some(b) = &self.bias {
             sink.put(&format!("{prefix}.bias"), b.val());
         }

@@ -666,6 +666,10 @@ impl<B: Backend, V: WeightVisitor<B>> WeightVisitor<B> for Merged<'_, V> {
     fn merges_adapters(&self) -> bool {
         true
     }
+
+    fn wants(&self, name: &str) -> bool {
+        self.0.wants(name)
+    }
 }
 
 /// Collects the adapters of a model (ignoring the base weights).

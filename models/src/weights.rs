@@ -324,6 +324,13 @@ pub trait WeightVisitor<B: Backend> {
     fn merges_adapters(&self) -> bool {
         false
     }
+
+    /// Whether the visitor keeps tensor `name` (a streamed save collects one shard per pass),
+    /// so that work only its value needs, such as merging an adapter, can be skipped.
+    fn wants(&self, name: &str) -> bool {
+        let _ = name;
+        true
+    }
 }
 
 fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
@@ -347,7 +354,7 @@ pub struct WeightSink {
 
 impl<B: Backend> WeightVisitor<B> for WeightSink {
     fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
-        if !self.wants(name) {
+        if !self.collects(name) {
             return;
         }
         // Converted on the host: burn's `convert_dtype` rounds f32 → bf16/f16 to nearest even
@@ -363,12 +370,16 @@ impl<B: Backend> WeightVisitor<B> for WeightSink {
     }
 
     fn put_buffer(&mut self, name: &str, shape: &[usize], values: &[f32]) {
-        if !self.wants(name) {
+        if !self.collects(name) {
             return;
         }
         let dtype = self.precision.map_or(DType::F32, Precision::dtype);
         let data = host_data(values.iter().copied(), shape, dtype);
         self.tensors.insert(name.to_string(), data);
+    }
+
+    fn wants(&self, name: &str) -> bool {
+        self.collects(name)
     }
 }
 
@@ -447,7 +458,7 @@ impl WeightSink {
         }
     }
 
-    fn wants(&self, name: &str) -> bool {
+    fn collects(&self, name: &str) -> bool {
         self.only.as_ref().is_none_or(|only| only.contains(name))
     }
 
