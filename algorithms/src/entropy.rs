@@ -157,6 +157,46 @@ pub fn entropy_and_logprobs_chunked<B: Backend>(
     })
 }
 
+/// `temperature` must be finite and > 0.
+fn check_temperature(temperature: f64) -> Result<()> {
+    if temperature.is_nan() || temperature <= 0.0 || temperature.is_infinite() {
+        return Err(AlgoError::InvalidParameter(format!(
+            "temperature must be finite and > 0, got {temperature}"
+        )));
+    }
+    Ok(())
+}
+
+/// Logits `[B, len, V]` of positions `start..start + len` of `hidden` `[B, T, H]` through
+/// `lm_head`, divided by `temperature` (unless it is 1); an error when `lm_head` does not map
+/// the chunk to `[B, len, V ≥ 1]`.
+fn chunk_logits<B: Backend, F>(
+    hidden: &Tensor<B, 3>,
+    lm_head: &F,
+    temperature: f64,
+    start: usize,
+    len: usize,
+) -> Result<Tensor<B, 3>>
+where
+    F: Fn(Tensor<B, 3>) -> Tensor<B, 3>,
+{
+    let b = hidden.dims()[0];
+    let logits = lm_head(hidden.clone().narrow(1, start, len));
+    let [lb, lt, v] = logits.dims();
+    if [lb, lt] != [b, len] || v == 0 {
+        return Err(AlgoError::ShapeMismatch {
+            what: "lm_head output".into(),
+            expected: vec![b, len, v.max(1)],
+            got: vec![lb, lt, v],
+        });
+    }
+    Ok(if temperature == 1.0 {
+        logits
+    } else {
+        logits.div_scalar(temperature)
+    })
+}
+
 /// Entropy and label log-probs `[B, T]` from hidden states `[B, T, H]`: `lm_head` maps a
 /// `[B, t, H]` chunk to logits `[B, t, V]`, which are divided by `temperature` (verl divides
 /// logits by the sampling temperature before these functions) and reduced at once, so only
@@ -171,30 +211,13 @@ pub fn entropy_and_logprobs_from_hidden<B: Backend, F>(
 where
     F: Fn(Tensor<B, 3>) -> Tensor<B, 3>,
 {
-    if temperature.is_nan() || temperature <= 0.0 || temperature.is_infinite() {
-        return Err(AlgoError::InvalidParameter(format!(
-            "temperature must be finite and > 0, got {temperature}"
-        )));
-    }
+    check_temperature(temperature)?;
     let [b, t, _] = hidden.dims();
     check_labels([b, t, 1], &labels)?;
     chunked(t, chunk, |start, len| {
-        let logits = lm_head(hidden.clone().narrow(1, start, len));
-        let [lb, lt, v] = logits.dims();
-        if [lb, lt] != [b, len] || v == 0 {
-            return Err(AlgoError::ShapeMismatch {
-                what: "lm_head output".into(),
-                expected: vec![b, len, v.max(1)],
-                got: vec![lb, lt, v],
-            });
-        }
+        let logits = chunk_logits(&hidden, &lm_head, temperature, start, len)?;
         let labels = labels.clone().narrow(1, start, len);
-        check_label_range(&labels, v)?;
-        let logits = if temperature == 1.0 {
-            logits
-        } else {
-            logits.div_scalar(temperature)
-        };
+        check_label_range(&labels, logits.dims()[2])?;
         Ok(both(logits, labels))
     })
 }
@@ -212,23 +235,10 @@ pub fn sum_pi_squared_from_hidden<B: Backend, F>(
 where
     F: Fn(Tensor<B, 3>) -> Tensor<B, 3>,
 {
-    if temperature.is_nan() || temperature <= 0.0 || temperature.is_infinite() {
-        return Err(AlgoError::InvalidParameter(format!(
-            "temperature must be finite and > 0, got {temperature}"
-        )));
-    }
-    let [b, t, _] = hidden.dims();
+    check_temperature(temperature)?;
+    let t = hidden.dims()[1];
     let (sums, _) = chunked(t, chunk, |start, len| {
-        let logits = lm_head(hidden.clone().narrow(1, start, len));
-        let [lb, lt, v] = logits.dims();
-        if [lb, lt] != [b, len] || v == 0 {
-            return Err(AlgoError::ShapeMismatch {
-                what: "lm_head output".into(),
-                expected: vec![b, len, v.max(1)],
-                got: vec![lb, lt, v],
-            });
-        }
-        let z = logits.div_scalar(temperature);
+        let z = chunk_logits(&hidden, &lm_head, temperature, start, len)?;
         let shifted = z.clone().sub(z.detach().max_dim(2));
         let lse = shifted.clone().exp().sum_dim(2).log();
         let lse2 = shifted.mul_scalar(2.0).exp().sum_dim(2).log();
