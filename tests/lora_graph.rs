@@ -158,18 +158,9 @@ fn lora_run_checkpoints_adapters_only_resumes_exactly_and_exports() {
 }
 
 fn logits(model: &Model<Flex>, batch: &PaddedBatch) -> Vec<f32> {
-    let device = Default::default();
-    let embeds = model.input_embeddings(batch, &[], &device).unwrap();
-    let positions = model.position_ids(batch, &[]).unwrap();
-    let lm = model.causal_lm();
-    let hidden = lm.forward_hidden(
-        batch.ids_tensor(&device),
-        embeds,
-        positions.tensor(&device),
-        batch.mask_tensor(&device),
-        None,
-    );
-    lm.lm_head(hidden)
+    model
+        .logits(batch, &[], &Default::default())
+        .unwrap()
         .into_data()
         .convert::<f32>()
         .into_vec()

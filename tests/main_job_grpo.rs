@@ -91,19 +91,12 @@ fn default_graph_trains_for_a_few_steps_and_writes_a_loadable_checkpoint() {
     }
     let logits = |dir: &Path| -> Vec<f32> {
         use burn::backend::Flex;
-        use burn::prelude::*;
         let device = Default::default();
         let model = flowrl_models::Model::<Flex>::load(dir, &device).unwrap();
-        let lm = model.causal_lm();
-        let ids = Tensor::<Flex, 2, Int>::from_data([[408i64, 409, 5, 17, 410]], &device);
         let batch = flowrl_models::PaddedBatch::left_pad(&[vec![408, 409, 5, 17, 410]], 408);
-        let pos = model
-            .position_ids(&batch, &[])
+        model
+            .logits(&batch, &[], &device)
             .unwrap()
-            .tensor::<Flex>(&device);
-        let mask = batch.mask_tensor::<Flex>(&device);
-        let h = lm.forward_hidden(ids.clone(), lm.embed_tokens(ids), pos, mask, None);
-        lm.lm_head(h)
             .into_data()
             .convert::<f32>()
             .into_vec()

@@ -293,6 +293,28 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// Logits `[batch, len, vocab]` of every position of a batch with its images: input
+    /// embeddings, position ids, the decoder and the LM head in one call (checks and tools;
+    /// training and generation project only the positions they need).
+    pub fn logits(
+        &self,
+        batch: &PaddedBatch,
+        images: &[ProcessedImage],
+        device: &B::Device,
+    ) -> Result<Tensor<B, 3>> {
+        let embeds = self.input_embeddings(batch, images, device)?;
+        let positions = self.position_ids(batch, images)?;
+        let lm = self.causal_lm();
+        let hidden = lm.forward_hidden(
+            batch.ids_tensor(device),
+            embeds,
+            positions.tensor(device),
+            batch.mask_tensor(device),
+            None,
+        );
+        Ok(lm.lm_head(hidden))
+    }
+
     /// Input embeddings `[batch, len, hidden]` of a prompt batch: token embeddings with the
     /// image embeddings scattered into the image-token positions.
     pub fn input_embeddings(

@@ -64,16 +64,9 @@ fn exported(model: &Model<Flex>) -> BTreeMap<String, Vec<f32>> {
 fn logits(model: &Model<Flex>) -> Vec<f32> {
     let device = Default::default();
     let batch = PaddedBatch::left_pad(&[vec![12, 40, 99, 150, 201], vec![13, 57, 88, 230, 310]], 0);
-    let lm = model.causal_lm();
-    let pos = model.position_ids(&batch, &[]).unwrap();
-    let h = lm.forward_hidden(
-        batch.ids_tensor(&device),
-        model.input_embeddings(&batch, &[], &device).unwrap(),
-        pos.tensor(&device),
-        batch.mask_tensor(&device),
-        None,
-    );
-    lm.lm_head(h)
+    model
+        .logits(&batch, &[], &device)
+        .unwrap()
         .into_data()
         .convert::<f32>()
         .into_vec::<f32>()

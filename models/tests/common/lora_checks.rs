@@ -6,31 +6,11 @@ use std::path::{Path, PathBuf};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
+use flowrl_models::Model;
 use flowrl_models::lora::{AdapterInit, read_peft_adapter};
 use flowrl_models::weights::Precision;
-use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 
 use super::{Array, padded_batch, qwen_images, read_safetensors};
-
-/// Logits `[B, L, V]` of a batch with its images.
-pub fn logits_with_images<B: Backend>(
-    model: &Model<B>,
-    batch: &PaddedBatch,
-    images: &[ProcessedImage],
-    device: &B::Device,
-) -> Tensor<B, 3> {
-    let embeds = model.input_embeddings(batch, images, device).unwrap();
-    let positions = model.position_ids(batch, images).unwrap();
-    let lm = model.causal_lm();
-    let hidden = lm.forward_hidden(
-        batch.ids_tensor(device),
-        embeds,
-        positions.tensor(device),
-        batch.mask_tensor(device),
-        None,
-    );
-    lm.lm_head(hidden)
-}
 
 /// `FLOWRL_LORA_FIXTURES`, or the repository's copy `tests/fixtures/lora`.
 pub fn lora_fixtures_root() -> PathBuf {
@@ -108,7 +88,7 @@ pub fn peft_adapters_match_peft<AD: AutodiffBackend>(device: &AD::Device) {
         let batch = padded_batch(&inputs);
         let (b, l) = (batch.batch, batch.len);
         let (images, _) = qwen_images(&inputs);
-        let logits = logits_with_images(&model, &batch, &images, device);
+        let logits = model.logits(&batch, &images, device).unwrap();
         let vocab = logits.dims()[2];
         let real = |i: usize| batch.attention_mask[i / vocab] == 1;
         let host: Vec<f32> = logits
