@@ -20,6 +20,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
 use flowrl_models::Model;
 use flowrl_models::lora::{AdapterInit, read_peft_adapter};
+use flowrl_models::model::copy_side_files;
 use flowrl_models::weights::Precision;
 use flowrl_nodes::backend::HostBackend;
 
@@ -49,18 +50,6 @@ pub enum ExportDtype {
     F32,
     Bf16,
 }
-
-/// Files of a model's source directory that travel with its weights.
-const SIDE_FILES: &[&str] = &[
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "preprocessor_config.json",
-    "processor_config.json",
-    "generation_config.json",
-];
 
 pub fn run(args: &ExportArgs) -> ExitCode {
     match export(args) {
@@ -192,17 +181,6 @@ fn declare_dtype(dir: &Path, precision: Precision) -> Result<()> {
     }
     std::fs::write(&path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
-}
-
-fn copy_side_files(from: &Path, to: &Path) -> Result<()> {
-    for file in SIDE_FILES {
-        let src = from.join(file);
-        if src.is_file() {
-            std::fs::copy(&src, to.join(file))
-                .with_context(|| format!("copying {}", src.display()))?;
-        }
-    }
     Ok(())
 }
 

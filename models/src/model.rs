@@ -347,3 +347,28 @@ impl<B: Backend> Model<B> {
         }
     }
 }
+
+/// Files of a Hugging Face model directory that travel with its weights: tokenizer, chat
+/// template, processor and generation configs.
+pub const SIDE_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "generation_config.json",
+];
+
+/// Copies the [`SIDE_FILES`] that `from` holds into `to` (a checkpoint, an export).
+pub fn copy_side_files(from: &Path, to: &Path) -> Result<()> {
+    for file in SIDE_FILES {
+        let src = from.join(file);
+        if src.is_file() {
+            std::fs::copy(&src, to.join(file))
+                .with_context(|| format!("copying {} into {}", src.display(), to.display()))?;
+        }
+    }
+    Ok(())
+}

@@ -352,18 +352,8 @@ impl ModelResource {
                 serde_json::to_string_pretty(&s.counters)?,
             )?;
         });
-        for file in [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "chat_template.jinja",
-            "preprocessor_config.json",
-            "generation_config.json",
-        ] {
-            let src = self.dir.join(file);
-            if src.is_file() && self.lora.is_none() {
-                std::fs::copy(&src, dir.join("model").join(file))
-                    .with_context(|| format!("copying {}", src.display()))?;
-            }
+        if self.lora.is_none() {
+            flowrl_models::model::copy_side_files(&self.dir, &dir.join("model"))?;
         }
         Ok(())
     }
