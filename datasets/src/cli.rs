@@ -1,6 +1,7 @@
 //! The `flowrl data` subcommands: `inspect` (look at a prompt file before a long job) and `synth`
 //! (regenerate the embedded task and the tiny models' tokenizer). The binary parses arguments
 //! with [`DataCommand`] and calls [`run`]; the functions write to any `Write` so they are testable.
+//! `inspect --json` prints one JSON document for scripts (its fields are listed in the README).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,10 +11,15 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 
-use crate::dataset::decode_row_images;
+use serde_json::{Value as Json, json};
+
+use crate::dataset::{decode_row_images, decode_row_videos};
 use crate::encoder::PromptEncoder;
+use crate::error::DataError;
 use crate::images::EncodedFormat;
-use crate::verl::{ReadOptions, VerlColumns, read_verl_file, summarize_file};
+use crate::verl::{
+    FileSummary, ReadOptions, VerlColumns, VerlFile, check_verl_file, summarize_file,
+};
 
 /// `flowrl data …`
 #[derive(Debug, Clone, Subcommand)]
@@ -45,6 +51,10 @@ pub struct InspectArgs {
     /// How many failing rows to list (the rest are counted).
     #[arg(long, default_value_t = 20)]
     pub max_errors: usize,
+    /// Print one JSON document (counts, columns, image and token stats, the failing rows) for
+    /// scripts instead of the text report; the exit status is the same.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `flowrl data synth --out DIR --seed S --train N --test M`
@@ -87,19 +97,82 @@ fn shorten(s: &str, max: usize) -> String {
     }
 }
 
-/// `flowrl data inspect`: see [`DataCommand::Inspect`].
-pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
-    let summary = summarize_file(&args.file)?;
-    writeln!(out, "file: {}", args.file.display())?;
-    writeln!(
-        out,
-        "rows: {}   row groups: {}",
-        summary.num_rows, summary.num_row_groups
-    )?;
-    writeln!(out, "columns:")?;
-    for (name, ty) in &summary.columns {
-        writeln!(out, "  {name}: {ty}")?;
+/// One row that would fail to load: its row number in the file, the column when one is to blame,
+/// and what is wrong.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadRow {
+    pub row: usize,
+    pub column: Option<String>,
+    pub message: String,
+}
+
+impl BadRow {
+    fn from_error(e: DataError) -> Self {
+        Self {
+            row: e.row.unwrap_or(0),
+            column: e.column,
+            message: e.message,
+        }
     }
+
+    fn json(&self) -> Json {
+        json!({ "row": self.row, "column": self.column, "message": self.message })
+    }
+}
+
+impl std::fmt::Display for BadRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.column {
+            Some(c) => write!(f, "row {}, column `{c}`: {}", self.row, self.message),
+            None => write!(f, "row {}: {}", self.row, self.message),
+        }
+    }
+}
+
+/// `flowrl data inspect`: see [`DataCommand::Inspect`]. Every row that would fail to load
+/// (placeholder/image count mismatches, null or malformed values, undecodable images, and with
+/// `--model` prompts the model cannot encode) is listed, at most `max_errors` of them with a
+/// count of the rest, and makes the command fail. With `json`, `out` receives one JSON document
+/// (see the README), also when the file cannot be read at all.
+pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
+    if !args.json {
+        return inspect_text(args, out);
+    }
+    match collect(args) {
+        Ok(report) => {
+            writeln!(out, "{}", serde_json::to_string_pretty(&report.json(args))?)?;
+            report.result(args)
+        }
+        Err(e) => {
+            let error = match e.downcast_ref::<DataError>() {
+                Some(d) => json!({ "row": d.row, "column": d.column, "message": d.message }),
+                None => json!({ "row": null, "column": null, "message": format!("{e:#}") }),
+            };
+            let doc =
+                json!({ "file": args.file.display().to_string(), "ok": false, "error": error });
+            writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+            Err(e)
+        }
+    }
+}
+
+/// What `flowrl data inspect` finds in a file.
+struct Report {
+    summary: FileSummary,
+    options: ReadOptions,
+    file: VerlFile,
+    /// Mismatches, bad values and (with a model) encoding failures, by row.
+    bad: Vec<BadRow>,
+    encoder: Option<Arc<PromptEncoder>>,
+    /// Prompt tokens of each loaded row (with a model).
+    lengths: Vec<usize>,
+    /// Image count per format name (`PNG`, `JPEG`, `?`).
+    formats: BTreeMap<String, usize>,
+    sources: BTreeMap<String, usize>,
+}
+
+fn collect(args: &InspectArgs) -> Result<Report> {
+    let summary = summarize_file(&args.file)?;
     let columns = VerlColumns {
         prompt_key: args.prompt_key.clone(),
         image_key: (!args.image_key.is_empty()).then(|| args.image_key.clone()),
@@ -110,77 +183,256 @@ pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
         skip_mismatched_rows: true,
         check_images: true,
         verl_image_patch_size: None,
+        video: Default::default(),
     };
-    let file = read_verl_file(&args.file, &options)?;
-    let num_images: usize = file.rows.iter().map(|r| r.images.len()).sum();
-    let mut formats: BTreeMap<String, usize> = BTreeMap::new();
-    let mut sources: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in &file.rows {
-        *sources.entry(&r.data_source).or_default() += 1;
-        for img in &r.images {
-            let f = EncodedFormat::sniff(&img.bytes).map_or("?", EncodedFormat::name);
-            *formats.entry(f.to_string()).or_default() += 1;
-        }
-    }
-    writeln!(
-        out,
-        "images: {num_images} ({})",
-        formats
-            .iter()
-            .map(|(f, n)| format!("{f}: {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )?;
-    writeln!(
-        out,
-        "data_source: {}",
-        sources
-            .iter()
-            .map(|(s, n)| format!("{s} ({n})"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )?;
-    if file.skipped.is_empty() {
-        writeln!(out, "placeholder/image count mismatches: 0")?;
-    } else {
-        writeln!(
-            out,
-            "placeholder/image count mismatches: {} (these rows fail to load unless skip_mismatched_rows is set)",
-            file.skipped.len()
-        )?;
-        for s in file.skipped.iter().take(args.max_errors) {
-            writeln!(out, "  row {}: {}", s.source.row, s.reason)?;
-        }
-        if file.skipped.len() > args.max_errors {
-            writeln!(
-                out,
-                "  ... and {} more",
-                file.skipped.len() - args.max_errors
-            )?;
-        }
-    }
-
+    let (mut file, errors) = check_verl_file(&args.file, &options)?;
+    let mut bad: Vec<BadRow> = errors.into_iter().map(BadRow::from_error).collect();
+    bad.extend(file.skipped.iter().map(|s| BadRow {
+        row: s.source.row,
+        column: None,
+        message: s.reason.clone(),
+    }));
     let encoder = match &args.model {
         Some(dir) => Some(Arc::new(PromptEncoder::from_model_dir(dir)?)),
         None => None,
     };
     let mut lengths = Vec::new();
     if let Some(enc) = &encoder {
-        for r in &file.rows {
-            let images = decode_row_images(r, &options)?;
-            let e = enc.encode(&r.messages, &images, options.columns.image_key.is_some())?;
-            lengths.push(e.input_ids.len());
+        let mut kept = Vec::with_capacity(file.rows.len());
+        for r in std::mem::take(&mut file.rows) {
+            let encoded = encode_row(enc, &r, &options);
+            match encoded {
+                Ok(e) => {
+                    lengths.push(e.input_ids.len());
+                    kept.push(r);
+                }
+                Err(message) => bad.push(BadRow {
+                    row: r.source.row,
+                    column: Some(args.prompt_key.clone()),
+                    message,
+                }),
+            }
         }
-        if !lengths.is_empty() {
-            let max = lengths.iter().max().unwrap();
-            let mean = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
-            writeln!(
-                out,
-                "prompt tokens (with image tokens): mean {mean:.1}, max {max}"
-            )?;
+        file.rows = kept;
+    }
+    bad.sort_by_key(|b| b.row);
+    let mut formats: BTreeMap<String, usize> = BTreeMap::new();
+    let mut sources: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &file.rows {
+        *sources.entry(r.data_source.clone()).or_default() += 1;
+        for img in &r.images {
+            let f = EncodedFormat::sniff(&img.bytes).map_or("?", EncodedFormat::name);
+            *formats.entry(f.to_string()).or_default() += 1;
         }
     }
-    for r in file.rows.iter().take(args.rows) {
+    Ok(Report {
+        summary,
+        options,
+        file,
+        bad,
+        encoder,
+        lengths,
+        formats,
+        sources,
+    })
+}
+
+/// A row's pictures and videos decoded and encoded as the dataset node does.
+fn encode_row(
+    enc: &PromptEncoder,
+    r: &crate::verl::VerlRow,
+    options: &ReadOptions,
+) -> Result<crate::EncodedPrompt, String> {
+    let images = decode_row_images(r, options).map_err(|e| e.message)?;
+    let videos = decode_row_videos(r, options).map_err(|e| e.message)?;
+    let multimodal = options.columns.image_key.is_some() || !videos.is_empty();
+    enc.encode_media(&r.messages, &images, &videos, multimodal)
+        .map_err(|e| format!("the model cannot encode this prompt: {e:#}"))
+}
+
+/// `(frames, width, height)` of each stored video of a row (as stored, before sampling).
+fn video_shapes(r: &crate::verl::VerlRow) -> Vec<(usize, u32, u32)> {
+    r.videos
+        .iter()
+        .map(|v| {
+            let (w, h) = v
+                .frames
+                .first()
+                .and_then(|f| crate::images::decode_rgb(&f.bytes).ok())
+                .map_or((0, 0), |rgb| rgb.dimensions());
+            (v.frames.len(), w, h)
+        })
+        .collect()
+}
+
+impl Report {
+    fn num_images(&self) -> usize {
+        self.file.rows.iter().map(|r| r.images.len()).sum()
+    }
+
+    /// `(videos, frames)` over the loaded rows.
+    fn num_videos(&self) -> (usize, usize) {
+        let videos = self.file.rows.iter().map(|r| r.videos.len()).sum();
+        let frames = self
+            .file
+            .rows
+            .iter()
+            .flat_map(|r| &r.videos)
+            .map(|v| v.frames.len())
+            .sum();
+        (videos, frames)
+    }
+
+    /// `(mean, max)` prompt tokens.
+    fn token_stats(&self) -> Option<(f64, usize)> {
+        let max = *self.lengths.iter().max()?;
+        let mean = self.lengths.iter().sum::<usize>() as f64 / self.lengths.len() as f64;
+        Some((mean, max))
+    }
+
+    /// The command's outcome: rows that `flowrl run` would refuse make it fail.
+    fn result(&self, args: &InspectArgs) -> Result<()> {
+        if !self.bad.is_empty() {
+            bail!(
+                "{}: {} row(s) fail to load (listed above)",
+                args.file.display(),
+                self.bad.len()
+            );
+        }
+        Ok(())
+    }
+
+    fn json(&self, args: &InspectArgs) -> Json {
+        let mismatches = self.file.skipped.len();
+        let sample: Vec<Json> = self
+            .file
+            .rows
+            .iter()
+            .take(args.rows)
+            .map(|r| {
+                let images: Vec<Json> = r
+                    .images
+                    .iter()
+                    .map(|img| {
+                        let f = EncodedFormat::sniff(&img.bytes).map_or("?", EncodedFormat::name);
+                        let (w, h) = crate::images::decode_rgb(&img.bytes)
+                            .map_or((0, 0), |rgb| rgb.dimensions());
+                        json!({ "format": f, "width": w, "height": h, "bytes": img.bytes.len() })
+                    })
+                    .collect();
+                let videos: Vec<Json> = video_shapes(r)
+                    .into_iter()
+                    .map(|(n, w, h)| json!({ "frames": n, "width": w, "height": h }))
+                    .collect();
+                let mut row = json!({
+                    "row": r.source.row,
+                    "messages": r.messages.iter().map(|m| json!({ "role": m.role, "content": m.content })).collect::<Vec<_>>(),
+                    "images": images,
+                    "videos": videos,
+                    "ground_truth": r.ground_truth,
+                    "data_source": r.data_source,
+                });
+                if let Some(enc) = &self.encoder
+                    && let Ok(e) = encode_row(enc, r, &self.options)
+                {
+                    row["rendered"] = json!(e.text);
+                    row["tokens"] = json!(e.input_ids.len());
+                    row["image_tokens"] = json!(e.num_image_tokens);
+                    row["vision_inputs"] = json!(e.images.iter().map(|i| json!({
+                        "kind": if i.video.is_some() { "video" } else { "image" },
+                        "grid": i.grid,
+                        "tokens": i.num_tokens,
+                    })).collect::<Vec<_>>());
+                }
+                row
+            })
+            .collect();
+        json!({
+            "file": args.file.display().to_string(),
+            "ok": self.bad.is_empty(),
+            "rows": self.summary.num_rows,
+            "row_groups": self.summary.num_row_groups,
+            "columns": self.summary.columns.iter().map(|(n, t)| json!({ "name": n, "type": t })).collect::<Vec<_>>(),
+            "loaded_rows": self.file.rows.len(),
+            "images": { "count": self.num_images(), "formats": self.formats },
+            "videos": { "count": self.num_videos().0, "frames": self.num_videos().1 },
+            "data_source": self.sources,
+            "prompt_tokens": self.token_stats().map(|(mean, max)| json!({ "mean": mean, "max": max })),
+            "bad_rows": {
+                "count": self.bad.len(),
+                "placeholder_mismatches": mismatches,
+                "listed": self.bad.iter().take(args.max_errors).map(BadRow::json).collect::<Vec<_>>(),
+                "more": self.bad.len().saturating_sub(args.max_errors),
+            },
+            "sample": sample,
+        })
+    }
+}
+
+fn inspect_text(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
+    let report = collect(args)?;
+    let summary = &report.summary;
+    writeln!(out, "file: {}", args.file.display())?;
+    writeln!(
+        out,
+        "rows: {}   row groups: {}",
+        summary.num_rows, summary.num_row_groups
+    )?;
+    writeln!(out, "columns:")?;
+    for (name, ty) in &summary.columns {
+        writeln!(out, "  {name}: {ty}")?;
+    }
+    writeln!(
+        out,
+        "images: {} ({})",
+        report.num_images(),
+        report
+            .formats
+            .iter()
+            .map(|(f, n)| format!("{f}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
+    let (videos, frames) = report.num_videos();
+    if videos > 0 {
+        writeln!(out, "videos: {videos} ({frames} frames)")?;
+    }
+    writeln!(
+        out,
+        "data_source: {}",
+        report
+            .sources
+            .iter()
+            .map(|(s, n)| format!("{s} ({n})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
+    let mismatches = report.file.skipped.len();
+    if mismatches == 0 {
+        writeln!(out, "placeholder/image count mismatches: 0")?;
+    } else {
+        writeln!(
+            out,
+            "placeholder/image count mismatches: {mismatches} (these rows fail to load unless skip_mismatched_rows is set)"
+        )?;
+    }
+    let others = report.bad.len() - mismatches;
+    if others > 0 {
+        writeln!(out, "other rows that fail to load: {others}")?;
+    }
+    for b in report.bad.iter().take(args.max_errors) {
+        writeln!(out, "  {b}")?;
+    }
+    if report.bad.len() > args.max_errors {
+        writeln!(out, "  ... and {} more", report.bad.len() - args.max_errors)?;
+    }
+    if let Some((mean, max)) = report.token_stats() {
+        writeln!(
+            out,
+            "prompt tokens (with image tokens): mean {mean:.1}, max {max}"
+        )?;
+    }
+    for r in report.file.rows.iter().take(args.rows) {
         writeln!(out, "--- row {}", r.source.row)?;
         for m in &r.messages {
             writeln!(out, "  {}: {}", m.role, shorten(&m.content, 160))?;
@@ -196,29 +448,42 @@ pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
                 img.bytes.len()
             )?;
         }
+        for (k, (n, w, h)) in video_shapes(r).into_iter().enumerate() {
+            writeln!(out, "  video {k}: {n} frames {w}x{h}")?;
+        }
         writeln!(out, "  ground_truth: {}", r.ground_truth)?;
-        if let Some(enc) = &encoder {
-            let images = decode_row_images(r, &options)?;
-            let e = enc.encode(&r.messages, &images, options.columns.image_key.is_some())?;
+        if let Some(enc) = &report.encoder {
+            let e = encode_row(enc, r, &report.options).map_err(anyhow::Error::msg)?;
             writeln!(out, "  rendered: {}", shorten(&e.text, 400))?;
-            writeln!(
-                out,
-                "  tokens: {} ({} image tokens in {} image(s))",
-                e.input_ids.len(),
-                e.num_image_tokens,
-                e.images.len()
-            )?;
+            let videos: Vec<_> = e.images.iter().filter(|i| i.video.is_some()).collect();
+            if videos.is_empty() {
+                writeln!(
+                    out,
+                    "  tokens: {} ({} image tokens in {} image(s))",
+                    e.input_ids.len(),
+                    e.num_image_tokens,
+                    e.images.len()
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "  tokens: {} ({} vision tokens in {} image(s) and {} video(s))",
+                    e.input_ids.len(),
+                    e.num_image_tokens,
+                    e.images.len() - videos.len(),
+                    videos.len()
+                )?;
+                for (k, v) in videos.iter().enumerate() {
+                    writeln!(
+                        out,
+                        "  video {k}: grid {:?} (temporal patches × patch rows × patch columns), {} tokens",
+                        v.grid, v.num_tokens
+                    )?;
+                }
+            }
         }
     }
-    // A check, not only a report: rows that `flowrl run` would refuse make the command fail.
-    if !file.skipped.is_empty() {
-        bail!(
-            "{}: {} row(s) fail to load (placeholder/image count mismatches, listed above)",
-            args.file.display(),
-            file.skipped.len()
-        );
-    }
-    Ok(())
+    report.result(args)
 }
 
 /// `flowrl data synth`: see [`DataCommand::Synth`].

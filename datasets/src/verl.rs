@@ -4,7 +4,8 @@
 //! The schema (see `tests/fixtures/data/README.md`):
 //! `prompt: list<struct<role, content>>`, `images: list<struct<bytes: binary, path: string>>`,
 //! `data_source: string`, `reward_model: struct<style, ground_truth>`, `ability: string`,
-//! `extra_info: struct<...>`. Column names are configurable ([`VerlColumns`]); columns are looked
+//! `extra_info: struct<...>`, and optionally `videos` (a list of frame lists, see
+//! [`crate::video`]). Column names are configurable ([`VerlColumns`]); columns are looked
 //! up by name, every row group is read, unknown columns are ignored (not even decoded).
 //!
 //! This module only extracts and checks values; it decodes images to check them
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::error::DataError;
+use crate::video::{EncodedVideo, VIDEO_PLACEHOLDER, VideoOptions};
 
 /// The image placeholder verl writes into message text.
 pub const IMAGE_PLACEHOLDER: &str = "<image>";
@@ -40,6 +42,8 @@ pub struct VerlColumns {
     pub prompt_key: String,
     /// Images: `list<struct<bytes, path>>` (verl `data.image_key`); `None` for text-only data.
     pub image_key: Option<String>,
+    /// Videos (verl `data.video_key`): read when the file has this column, which may be absent.
+    pub video_key: Option<String>,
     /// Dotted path to the reference answer (verl reads `reward_model.ground_truth`).
     pub ground_truth_key: String,
     /// The reward selector (verl `data_source`).
@@ -55,6 +59,7 @@ impl Default for VerlColumns {
         Self {
             prompt_key: "prompt".into(),
             image_key: Some("images".into()),
+            video_key: Some("videos".into()),
             ground_truth_key: "reward_model.ground_truth".into(),
             data_source_key: "data_source".into(),
             extra_info_key: "extra_info".into(),
@@ -92,6 +97,8 @@ pub struct VerlRow {
     pub source: RowRef,
     pub messages: Vec<ChatMessage>,
     pub images: Vec<EncodedImage>,
+    /// The entries of the video column, in `<video>` order (empty without the column).
+    pub videos: Vec<EncodedVideo>,
     pub data_source: String,
     pub ground_truth: String,
     pub ability: Option<String>,
@@ -114,6 +121,35 @@ pub fn count_placeholders(messages: &[ChatMessage]) -> usize {
         .sum()
 }
 
+/// Number of `<video>` occurrences over the contents of `messages`.
+pub fn count_video_placeholders(messages: &[ChatMessage]) -> usize {
+    messages
+        .iter()
+        .map(|m| m.content.matches(VIDEO_PLACEHOLDER).count())
+        .sum()
+}
+
+/// Per `<image>`/`<video>` placeholder over all messages, in text order: `true` for a video.
+pub fn placeholder_order(messages: &[ChatMessage]) -> Vec<bool> {
+    let mut order = Vec::new();
+    for m in messages {
+        let mut rest = m.content.as_str();
+        loop {
+            let i = rest.find(IMAGE_PLACEHOLDER);
+            let v = rest.find(VIDEO_PLACEHOLDER);
+            let (at, video, len) = match (i, v) {
+                (Some(i), Some(v)) if v < i => (v, true, VIDEO_PLACEHOLDER.len()),
+                (Some(i), _) => (i, false, IMAGE_PLACEHOLDER.len()),
+                (None, Some(v)) => (v, true, VIDEO_PLACEHOLDER.len()),
+                (None, None) => break,
+            };
+            order.push(video);
+            rest = &rest[at + len..];
+        }
+    }
+    order
+}
+
 /// Options of [`read_verl_file`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -129,6 +165,8 @@ pub struct ReadOptions {
     /// `data.image_patch_size`, 14 for Qwen2-VL) before the model's processor sees them. Off by
     /// default: with a processor whose pixel limits are qwen_vl_utils' defaults it changes nothing.
     pub verl_image_patch_size: Option<u32>,
+    /// Frame rate and sampling of the video column's frame lists ([`crate::video`]).
+    pub video: VideoOptions,
 }
 
 impl Default for ReadOptions {
@@ -138,6 +176,7 @@ impl Default for ReadOptions {
             skip_mismatched_rows: false,
             check_images: true,
             verl_image_patch_size: None,
+            video: VideoOptions::default(),
         }
     }
 }
@@ -195,6 +234,29 @@ fn open(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>, DataError>
 /// Reads all row groups of a verl prompt file. Fails on the first bad value (see the module doc
 /// and [`ReadOptions::skip_mismatched_rows`] for the one documented skip).
 pub fn read_verl_file(path: &Path, options: &ReadOptions) -> Result<VerlFile, DataError> {
+    read_rows(path, options, None)
+}
+
+/// [`read_verl_file`] that goes on past bad rows: every row that would fail to load is returned
+/// as its [`DataError`] (row, column, message), in file order, and left out of the rows. Problems
+/// of the whole file or of a column's type are still an `Err` (no row can be read).
+/// `flowrl data inspect` uses it to list every bad row at once.
+pub fn check_verl_file(
+    path: &Path,
+    options: &ReadOptions,
+) -> Result<(VerlFile, Vec<DataError>), DataError> {
+    let mut bad = Vec::new();
+    let file = read_rows(path, options, Some(&mut bad))?;
+    Ok((file, bad))
+}
+
+/// The reading of [`read_verl_file`]; with `bad`, a row's error is pushed there instead of
+/// ending the read.
+fn read_rows(
+    path: &Path,
+    options: &ReadOptions,
+    mut bad: Option<&mut Vec<DataError>>,
+) -> Result<VerlFile, DataError> {
     let builder = open(path)?;
     let num_row_groups = builder.metadata().num_row_groups();
     let num_rows = builder.metadata().file_metadata().num_rows() as usize;
@@ -210,6 +272,16 @@ pub fn read_verl_file(path: &Path, options: &ReadOptions) -> Result<VerlFile, Da
             check_images_type(path, key, f.data_type())?;
             Some(key.clone())
         }
+        None => None,
+    };
+    let videos = match &cols.video_key {
+        Some(key) => match root_field(path, &schema, key, false)? {
+            Some(f) => {
+                check_videos_type(path, key, f.data_type())?;
+                Some(key.clone())
+            }
+            None => None,
+        },
         None => None,
     };
     let (gt_root, gt_path) = split_path(&cols.ground_truth_key);
@@ -232,6 +304,7 @@ pub fn read_verl_file(path: &Path, options: &ReadOptions) -> Result<VerlFile, Da
         cols.data_source_key.clone(),
     ];
     wanted.extend(images.iter().cloned());
+    wanted.extend(videos.iter().cloned());
     wanted.extend(extra.iter().cloned());
     wanted.extend(ability.iter().cloned());
     let indices: Vec<usize> = schema
@@ -265,6 +338,7 @@ pub fn read_verl_file(path: &Path, options: &ReadOptions) -> Result<VerlFile, Da
             options,
             prompt: column(&batch, &cols.prompt_key),
             images: images.as_deref().map(|k| column(&batch, k)),
+            videos: videos.as_deref().map(|k| column(&batch, k)),
             ground_truth: column(&batch, gt_root),
             gt_path: &gt_path,
             data_source: column(&batch, &cols.data_source_key),
@@ -272,9 +346,11 @@ pub fn read_verl_file(path: &Path, options: &ReadOptions) -> Result<VerlFile, Da
             ability: ability.as_deref().map(|k| column(&batch, k)),
         };
         for i in 0..batch.num_rows() {
-            match ctx.row(i, base + i)? {
-                RowOutcome::Row(row) => out.rows.push(row),
-                RowOutcome::Skipped(s) => out.skipped.push(s),
+            match (ctx.row(i, base + i), bad.as_deref_mut()) {
+                (Ok(RowOutcome::Row(row)), _) => out.rows.push(row),
+                (Ok(RowOutcome::Skipped(s)), _) => out.skipped.push(s),
+                (Err(e), Some(bad)) => bad.push(e),
+                (Err(e), None) => return Err(e),
             }
         }
         base += batch.num_rows();
@@ -387,6 +463,36 @@ fn check_images_type(path: &Path, col: &str, t: &DataType) -> Result<(), DataErr
             col,
             format!(
                 "expected a list of images list<struct<bytes: binary, path: string>>, found {}",
+                type_name(t)
+            ),
+        ))
+    }
+}
+
+/// A frame list: `list<binary | string | struct<bytes: binary, path: string>>`.
+fn is_frame_list(t: &DataType) -> bool {
+    list_item(t).is_some_and(|f| {
+        is_binary(f) || is_string(f) || struct_child(f, "bytes").is_some_and(is_binary)
+    })
+}
+
+/// verl's video entries: per row a list of videos, each a frame list, or a struct whose `video`
+/// field is a frame list (or a path string, rejected per row) with optional numeric
+/// `sample_fps`, `fps`, `nframes`, `min_frames`, `max_frames`.
+fn check_videos_type(path: &Path, col: &str, t: &DataType) -> Result<(), DataError> {
+    let ok = list_item(t).is_some_and(|item| {
+        is_frame_list(item)
+            || struct_child(item, "video").is_some_and(|v| is_frame_list(v) || is_string(v))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(DataError::column(
+            path,
+            col,
+            format!(
+                "expected a list of videos, each a list of frames (binary, path string or struct<bytes, path>) \
+                 or a struct<video: list of frames, sample_fps?, fps?, nframes?, ...>, found {}",
                 type_name(t)
             ),
         ))
@@ -546,6 +652,7 @@ struct BatchColumns<'a> {
     options: &'a ReadOptions,
     prompt: ArrayRef,
     images: Option<ArrayRef>,
+    videos: Option<ArrayRef>,
     ground_truth: ArrayRef,
     gt_path: &'a [String],
     data_source: ArrayRef,
@@ -619,6 +726,41 @@ impl BatchColumns<'_> {
                 images.push(EncodedImage { bytes: b, path: p });
             }
         }
+        let videos = match (&self.videos, cols.video_key.as_deref()) {
+            (Some(arr), Some(vk)) => self.videos_at(arr.as_ref(), i, row, vk)?,
+            _ => Vec::new(),
+        };
+        if let (Some(_), Some(vk)) = (&self.videos, cols.video_key.as_deref()) {
+            let n = count_video_placeholders(&messages);
+            if n != videos.len() {
+                let reason = format!(
+                    "{n} `<video>` placeholder(s) in `{pk}` but {} video(s) in `{vk}`",
+                    videos.len()
+                );
+                if self.options.skip_mismatched_rows {
+                    return Ok(RowOutcome::Skipped(SkippedRow {
+                        source: RowRef {
+                            file: path.to_path_buf(),
+                            row,
+                        },
+                        reason,
+                    }));
+                }
+                return Err(DataError::row(
+                    path,
+                    row,
+                    format!("{reason} (set skip_mismatched_rows to drop such rows)"),
+                ));
+            }
+            if self.options.check_images {
+                for (v, video) in videos.iter().enumerate() {
+                    for (k, img) in video.frames.iter().enumerate() {
+                        crate::images::decode_rgb(&img.bytes)
+                            .map_err(|m| err(vk, format!("video {v} frame {k}: {m}")))?;
+                    }
+                }
+            }
+        }
         let placeholders = count_placeholders(&messages);
         if cols.image_key.is_some() && placeholders != images.len() {
             let reason = format!(
@@ -689,11 +831,109 @@ impl BatchColumns<'_> {
             },
             messages,
             images,
+            videos,
             data_source,
             ground_truth,
             ability,
             extra_info,
         }))
+    }
+}
+
+impl BatchColumns<'_> {
+    /// The videos of row `i` (`row` in the file) of the video column `arr` named `col`.
+    fn videos_at(
+        &self,
+        arr: &dyn Array,
+        i: usize,
+        row: usize,
+        col: &str,
+    ) -> Result<Vec<EncodedVideo>, DataError> {
+        let path = self.path;
+        let err = |msg: String| DataError::cell(path, row, col, msg);
+        let Some((range, values)) = list_at(arr, i) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(range.len());
+        for (v, j) in range.enumerate() {
+            if values.is_null(j) {
+                return Err(err(format!("video {v} is null")));
+            }
+            let mut entry = EncodedVideo::default();
+            let frames: &dyn Array = match values.as_struct_opt() {
+                Some(s) if child(s, "video").is_some() => {
+                    let num = |name: &str| {
+                        child(s, name).and_then(|c| match to_json(c.as_ref(), j) {
+                            Json::Number(n) => n.as_f64(),
+                            _ => None,
+                        })
+                    };
+                    entry.sample_fps = num("sample_fps");
+                    entry.fps = num("fps");
+                    entry.nframes = num("nframes").map(|x| x as usize);
+                    entry.min_frames = num("min_frames").map(|x| x as usize);
+                    entry.max_frames = num("max_frames").map(|x| x as usize);
+                    let video = child(s, "video").expect("checked above").as_ref();
+                    if let Some(p) = str_at(video, j) {
+                        return Err(err(format!(
+                            "video {v} is the file `{p}`: video files are not decoded; store the video as a \
+                             list of frames (encoded images or image paths) in `video`, with its frame rate in \
+                             `sample_fps`"
+                        )));
+                    }
+                    video
+                }
+                _ => values.as_ref(),
+            };
+            let Some((frange, fvalues)) = list_at(frames, j) else {
+                return Err(err(format!("video {v} has a null frame list")));
+            };
+            for (k, f) in frange.enumerate() {
+                let bytes = if let Some(s) = fvalues.as_struct_opt() {
+                    let p = child(s, "path")
+                        .and_then(|p| str_at(p.as_ref(), f))
+                        .map(str::to_string);
+                    let b = if s.is_null(f) {
+                        None
+                    } else {
+                        child(s, "bytes").and_then(|b| bytes_at(b.as_ref(), f))
+                    };
+                    match (b, p) {
+                        (Some(b), p) => EncodedImage {
+                            bytes: b.to_vec(),
+                            path: p,
+                        },
+                        (None, Some(p)) => EncodedImage {
+                            bytes: read_referenced(path, &p)
+                                .map_err(|m| err(format!("video {v} frame {k}: {m}")))?,
+                            path: Some(p),
+                        },
+                        (None, None) => {
+                            return Err(err(format!(
+                                "video {v} frame {k} has neither bytes nor a path"
+                            )));
+                        }
+                    }
+                } else if let Some(b) = bytes_at(fvalues.as_ref(), f) {
+                    EncodedImage {
+                        bytes: b.to_vec(),
+                        path: None,
+                    }
+                } else if let Some(p) = str_at(fvalues.as_ref(), f) {
+                    let p = p.strip_prefix("file://").unwrap_or(p);
+                    EncodedImage {
+                        bytes: read_referenced(path, p)
+                            .map_err(|m| err(format!("video {v} frame {k}: {m}")))?,
+                        path: Some(p.to_string()),
+                    }
+                } else {
+                    return Err(err(format!("video {v} frame {k} is null")));
+                };
+                entry.frames.push(bytes);
+            }
+            out.push(entry);
+        }
+        Ok(out)
     }
 }
 
@@ -705,10 +945,35 @@ fn read_referenced(parquet: &Path, p: &str) -> Result<Vec<u8>, String> {
     } else {
         parquet.parent().unwrap_or(Path::new(".")).join(candidate)
     };
-    std::fs::read(&full).map_err(|e| {
+    let cannot = |e: &dyn std::fmt::Display| {
         format!(
             "bytes are null and path {} cannot be read: {e}",
             full.display()
         )
-    })
+    };
+    // Only a regular file of bounded size: a path such as /dev/zero or a FIFO would otherwise be
+    // read without end (or block).
+    let meta = std::fs::metadata(&full).map_err(|e| cannot(&e))?;
+    if !meta.is_file() {
+        return Err(cannot(&"not a regular file"));
+    }
+    if meta.len() > MAX_IMAGE_FILE_BYTES {
+        return Err(cannot(&format_args!(
+            "{} bytes, more than the {MAX_IMAGE_FILE_BYTES} an image file may have",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(
+            File::open(&full).map_err(|e| cannot(&e))?,
+            MAX_IMAGE_FILE_BYTES,
+        ),
+        &mut bytes,
+    )
+    .map_err(|e| cannot(&e))?;
+    Ok(bytes)
 }
+
+/// The largest image file a row may reference by path (256 MiB).
+const MAX_IMAGE_FILE_BYTES: u64 = 256 << 20;

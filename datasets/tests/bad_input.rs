@@ -296,6 +296,7 @@ fn inspect_lists_failing_rows_and_fails() {
         prompt_key: "prompt".into(),
         image_key: "images".into(),
         max_errors: 1,
+        json: false,
     };
     let err = inspect(&args, &mut out).expect_err("mismatched rows make inspect fail");
     let text = String::from_utf8(out).unwrap();

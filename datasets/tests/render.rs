@@ -195,6 +195,7 @@ fn inspect_reports_schema_counts_and_rendered_rows() {
             prompt_key: "prompt".into(),
             image_key: "images".into(),
             max_errors: 20,
+            json: false,
         },
         &mut out,
     )

@@ -130,6 +130,33 @@ impl<B: Backend> WeightSource<B> for Checkpoint<B> {
         }
     }
 
+    /// A missing or mis-shaped tensor is recorded (as [`WeightSource::take_data`] does) and built
+    /// as a placeholder: the load fails at [`Checkpoint::finish`], and a config that claims a
+    /// tensor of 2^40 elements must not allocate its zeros first. Once a problem is recorded,
+    /// [`WeightSource::placeholders`] is true, so wrappers that do not delegate this method
+    /// allocate nothing after the first problem either.
+    fn placeholder(&mut self, name: &str, shape: &[usize]) -> bool {
+        match self.tensors.get(name) {
+            None => {
+                self.missing.push(format!("{name} {shape:?}"));
+                true
+            }
+            Some(stored) if stored.shape != shape => {
+                self.misshaped.push(format!(
+                    "mis-shaped tensor {name}: checkpoint {:?}, config expects {shape:?}",
+                    stored.shape
+                ));
+                self.tensors.remove(name);
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    fn placeholders(&self) -> bool {
+        !self.missing.is_empty() || !self.misshaped.is_empty()
+    }
+
     fn ignore(&mut self, name: &str) {
         self.tensors.remove(name);
     }

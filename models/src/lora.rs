@@ -365,6 +365,10 @@ impl<B: Backend> WeightSource<B> for LoraSource<'_, B> {
         self.inner.placeholders()
     }
 
+    fn placeholder(&mut self, name: &str, shape: &[usize]) -> bool {
+        self.inner.placeholder(name, shape)
+    }
+
     fn ignore(&mut self, name: &str) {
         self.inner.ignore(name)
     }

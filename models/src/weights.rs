@@ -83,6 +83,16 @@ pub trait WeightSource<B: Backend> {
     fn placeholders(&self) -> bool {
         false
     }
+    /// Whether tensor `name` of `shape` is built as a placeholder (one zero expanded to the
+    /// shape, nothing of its size allocated) instead of from [`WeightSource::take_data`]: every
+    /// tensor of a placeholder source, and for a checkpoint a tensor it lacks or holds in another
+    /// shape (recorded here, so the load fails at `finish`; a config that claims a huge tensor
+    /// then allocates nothing for it). Sources that wrap another must delegate it, with the name
+    /// the inner source knows.
+    fn placeholder(&mut self, name: &str, shape: &[usize]) -> bool {
+        let _ = (name, shape);
+        self.placeholders()
+    }
     /// The LoRA adapter of linear `module` (`[out_dim, in_dim]` weight), if this build attaches
     /// one (see [`crate::lora::LoraSource`]). Sources that wrap another must delegate it.
     fn lora_adapter(
@@ -105,7 +115,7 @@ impl<B: Backend> dyn WeightSource<B> + '_ {
         init: Init,
     ) -> Tensor<B, D> {
         let device = self.device();
-        if self.placeholders() {
+        if self.placeholder(name, &shape) {
             return Tensor::<B, D>::zeros([1; D], (&device, self.dtype())).expand(shape);
         }
         let data = self.take_data(name, &shape, init);
@@ -130,6 +140,47 @@ impl<B: Backend> dyn WeightSource<B> + '_ {
 
     pub fn take2(&mut self, name: &str, shape: [usize; 2], init: Init) -> Tensor<B, 2> {
         self.take(name, shape, init)
+    }
+}
+
+/// Asks the wrapped source for transformers-5 names (`model.language_model.*`,
+/// `model.visual.*`) under the shared loader's normalised names ([`normalize_name`]), so that a
+/// family whose layers use the transformers-5 names (Gemma 4, Qwen3-VL) names every tensor once,
+/// as its checkpoints and `save_pretrained` do.
+pub(crate) struct NormalizedNames<'a, B: Backend>(pub(crate) &'a mut dyn WeightSource<B>);
+
+impl<B: Backend> WeightSource<B> for NormalizedNames<'_, B> {
+    fn device(&self) -> B::Device {
+        self.0.device()
+    }
+
+    fn dtype(&self) -> DType {
+        self.0.dtype()
+    }
+
+    fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> TensorData {
+        self.0.take_data(&normalize_name(name), shape, init)
+    }
+
+    fn placeholders(&self) -> bool {
+        self.0.placeholders()
+    }
+
+    fn placeholder(&mut self, name: &str, shape: &[usize]) -> bool {
+        self.0.placeholder(&normalize_name(name), shape)
+    }
+
+    fn ignore(&mut self, name: &str) {
+        self.0.ignore(&normalize_name(name));
+    }
+
+    fn lora_adapter(
+        &mut self,
+        module: &str,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Option<crate::lora::Lora<B>> {
+        self.0.lora_adapter(module, in_dim, out_dim)
     }
 }
 

@@ -216,6 +216,7 @@ impl Gemma4Config {
                 .map(|v| v.to_string())
                 .unwrap_or_default()
         );
+        check_sizes(self)?;
         ensure!(
             t.hidden_size_per_layer_input > 0,
             "hidden_size_per_layer_input = 0 (no per-layer embeddings) is not supported"
@@ -352,4 +353,113 @@ impl TextConfig {
         }
         Ok(out)
     }
+}
+
+/// Largest accepted width of a tensor dimension (vocabulary, hidden, MLP and head sizes): 2^26.
+pub const MAX_WIDTH: usize = 1 << 26;
+/// Largest accepted count of layers or heads.
+pub const MAX_COUNT: usize = 1 << 12;
+/// Largest accepted patch side or pooling window.
+pub const MAX_PATCH: usize = 1 << 10;
+
+/// Zero and implausibly large sizes, each error naming its key: a mistyped size is reported
+/// instead of building (or allocating) what it claims.
+fn check_sizes(c: &Gemma4Config) -> Result<()> {
+    let t = &c.text_config;
+    let mut sizes = vec![
+        ("text_config.vocab_size", t.vocab_size, MAX_WIDTH),
+        ("text_config.hidden_size", t.hidden_size, MAX_WIDTH),
+        (
+            "text_config.intermediate_size",
+            t.intermediate_size,
+            MAX_WIDTH,
+        ),
+        ("text_config.head_dim", t.head_dim, MAX_WIDTH),
+        (
+            "text_config.hidden_size_per_layer_input",
+            t.hidden_size_per_layer_input,
+            MAX_WIDTH,
+        ),
+        (
+            "text_config.vocab_size_per_layer_input",
+            t.vocab_size_per_layer_input,
+            MAX_WIDTH,
+        ),
+        (
+            "text_config.num_hidden_layers",
+            t.num_hidden_layers,
+            MAX_COUNT,
+        ),
+        (
+            "text_config.num_attention_heads",
+            t.num_attention_heads,
+            MAX_COUNT,
+        ),
+        (
+            "text_config.num_key_value_heads",
+            t.num_key_value_heads,
+            MAX_COUNT,
+        ),
+    ];
+    if let Some(v) = &c.vision_config {
+        sizes.extend([
+            ("vision_config.hidden_size", v.hidden_size, MAX_WIDTH),
+            (
+                "vision_config.intermediate_size",
+                v.intermediate_size,
+                MAX_WIDTH,
+            ),
+            ("vision_config.head_dim", v.head_dim, MAX_WIDTH),
+            (
+                "vision_config.num_attention_heads",
+                v.num_attention_heads,
+                MAX_COUNT,
+            ),
+            (
+                "vision_config.num_hidden_layers",
+                v.num_hidden_layers,
+                MAX_COUNT,
+            ),
+            ("vision_config.patch_size", v.patch_size, MAX_PATCH),
+            (
+                "vision_config.pooling_kernel_size",
+                v.pooling_kernel_size,
+                MAX_PATCH,
+            ),
+            (
+                "vision_config.position_embedding_size",
+                v.position_embedding_size,
+                MAX_WIDTH,
+            ),
+        ]);
+        if let Some(kv) = v.num_key_value_heads {
+            sizes.push(("vision_config.num_key_value_heads", kv, MAX_COUNT));
+        }
+    }
+    for (key, value, max) in sizes {
+        ensure!(value > 0, "{key} must be at least 1 (got 0)");
+        ensure!(
+            value <= max,
+            "{key} = {value} is implausibly large (at most {max})"
+        );
+    }
+    for (layer, o) in &t.per_layer_config {
+        for (key, value) in [
+            ("head_dim", o.head_dim),
+            ("num_key_value_heads", o.num_key_value_heads),
+        ] {
+            if let Some(value) = value {
+                ensure!(
+                    value > 0 && value <= MAX_WIDTH,
+                    "text_config.per_layer_config.{layer}.{key} = {value} is not between 1 and {MAX_WIDTH}"
+                );
+            }
+        }
+    }
+    ensure!(
+        t.rms_norm_eps.is_finite() && t.rms_norm_eps > 0.0,
+        "text_config.rms_norm_eps must be a positive number (got {})",
+        t.rms_norm_eps
+    );
+    Ok(())
 }

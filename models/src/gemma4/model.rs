@@ -10,7 +10,7 @@ use super::config::Gemma4Config;
 use super::text::{TextModel, TextTrace};
 use super::vision::{VisionTower, VisionTrace};
 use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
-use crate::weights::{Init, WeightSource, WeightVisitor, normalize_name};
+use crate::weights::{NormalizedNames, WeightSource, WeightVisitor};
 
 /// A Gemma 4 conditional-generation model.
 #[derive(Module, Debug)]
@@ -21,48 +21,12 @@ pub struct Gemma4<B: Backend> {
     pub config: Gemma4Config,
 }
 
-/// Asks the wrapped source for transformers-5 names (`model.language_model.*`) under the
-/// shared loader's normalised names (`model.*`), so that the layers name every tensor once, as
-/// the checkpoint and `save_pretrained` do.
-struct HfNames<'a, B: Backend>(&'a mut dyn WeightSource<B>);
-
-impl<B: Backend> WeightSource<B> for HfNames<'_, B> {
-    fn device(&self) -> B::Device {
-        self.0.device()
-    }
-
-    fn take_data(&mut self, name: &str, shape: &[usize], init: Init) -> TensorData {
-        self.0.take_data(&normalize_name(name), shape, init)
-    }
-
-    fn placeholders(&self) -> bool {
-        self.0.placeholders()
-    }
-
-    fn ignore(&mut self, name: &str) {
-        self.0.ignore(&normalize_name(name));
-    }
-
-    fn dtype(&self) -> burn::tensor::DType {
-        self.0.dtype()
-    }
-
-    fn lora_adapter(
-        &mut self,
-        module: &str,
-        in_dim: usize,
-        out_dim: usize,
-    ) -> Option<crate::lora::Lora<B>> {
-        self.0.lora_adapter(module, in_dim, out_dim)
-    }
-}
-
 impl<B: Backend> Gemma4<B> {
     /// Builds the model from `config`, taking every weight from `src` (a checkpoint or random
     /// initialisation). A stored `lm_head.weight` is ignored: the head is tied to
     /// `embed_tokens`.
     pub fn load(src: &mut dyn WeightSource<B>, config: &Gemma4Config) -> Self {
-        let mut names = HfNames(src);
+        let mut names = NormalizedNames(src);
         let src: &mut dyn WeightSource<B> = &mut names;
         let language_model = TextModel::load(src, config);
         let vision = config

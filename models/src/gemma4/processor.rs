@@ -90,6 +90,22 @@ impl Gemma4ProcessorConfig {
             config.patch_size > 0 && config.pooling_kernel_size > 0,
             "patch_size and pooling_kernel_size must be positive"
         );
+        ensure!(
+            config.patch_size <= 1024 && config.pooling_kernel_size <= 64,
+            "patch_size = {} and pooling_kernel_size = {} are implausibly large (at most 1024 and 64)",
+            config.patch_size,
+            config.pooling_kernel_size
+        );
+        // Every image is padded to `max_patches` patches of 3·p² values: bounded memory.
+        let values = config.max_patches() * 3 * config.patch_size * config.patch_size;
+        ensure!(
+            values <= crate::image::MAX_PIXEL_VALUES,
+            "max_soft_tokens = {}, pooling_kernel_size = {} and patch_size = {} pad every image to {values} values, more than {}",
+            config.max_soft_tokens,
+            config.pooling_kernel_size,
+            config.patch_size,
+            crate::image::MAX_PIXEL_VALUES
+        );
         Ok(config)
     }
 
@@ -268,6 +284,7 @@ impl Gemma4ImageProcessor {
             grid: vec![gh, gw],
             num_tokens: gh * gw / (k * k),
             patch_positions: Some(patch_positions),
+            video: None,
         })
     }
 }

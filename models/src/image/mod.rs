@@ -21,6 +21,10 @@ use crate::capabilities::ProcessedImage;
 
 pub use resample::{pillow_resize, resize_bicubic};
 
+/// The most f32 values a processor makes of one picture (2^28, 1 GiB): a preprocessor config
+/// whose sizes would need more is an error, not an allocation.
+pub const MAX_PIXEL_VALUES: usize = 1 << 28;
+
 /// Reads and decodes a picture file (the formats the `image` dependency is built with: PNG) and
 /// converts it to RGB with [`to_rgb`].
 pub fn load_rgb(path: &Path) -> Result<RgbImage> {

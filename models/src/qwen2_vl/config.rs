@@ -118,6 +118,16 @@ fn ids_of(v: &Value) -> Vec<u32> {
 }
 
 impl QwenVlConfig {
+    /// Qwen2.5-VL's `vision_config.tokens_per_second` (temporal positions per second of video;
+    /// transformers' default 4 when absent).
+    pub fn tokens_per_second(&self) -> f32 {
+        self.raw
+            .get("vision_config")
+            .and_then(|v| v.get("tokens_per_second"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(4.0) as f32
+    }
+
     /// Parses a `config.json` text.
     pub fn from_json(text: &str) -> Result<Self> {
         let root: Value = serde_json::from_str(text).context("parsing config.json")?;
@@ -170,7 +180,11 @@ impl QwenVlConfig {
                     .collect()
             })
             .context("config.json: no mrope_section in rope_parameters / rope_scaling")?;
-        if mrope_section.iter().sum::<usize>() != head_dim / 2 {
+        if mrope_section
+            .iter()
+            .fold(0usize, |a, &b| a.saturating_add(b))
+            != head_dim / 2
+        {
             bail!(
                 "config.json: mrope_section {mrope_section:?} does not sum to head_dim/2 = {}",
                 head_dim / 2
@@ -281,9 +295,16 @@ impl QwenVlConfig {
     }
 }
 
+/// Largest accepted width of a tensor dimension (vocabulary, hidden and MLP sizes): 2^26.
+pub const MAX_WIDTH: usize = 1 << 26;
+/// Largest accepted count of layers or heads.
+pub const MAX_COUNT: usize = 1 << 12;
+/// Largest accepted patch side, temporal patch, merge size or channel count.
+pub const MAX_PATCH: usize = 1 << 10;
+
 /// Impossible values, each error naming its key: zero sizes and counts, head counts that do not
-/// divide, odd rotary widths, vision windows that are not whole merged patches, full-attention
-/// blocks past the depth, non-positive epsilons and RoPE bases.
+/// divide, implausibly large sizes, odd rotary widths, vision windows that are not whole merged
+/// patches, full-attention blocks past the depth, non-positive epsilons and RoPE bases.
 fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
     let positive = [
         ("text vocab_size", t.vocab_size),
@@ -307,6 +328,48 @@ fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
     ];
     for (key, value) in positive {
         ensure!(value > 0, "config.json: {key} must be at least 1 (got 0)");
+    }
+    // Upper bounds far above any real checkpoint, so that a mistyped size is an error naming
+    // its key rather than a build that allocates (or loops over) what it claims.
+    let bounded = [
+        ("text vocab_size", t.vocab_size, MAX_WIDTH),
+        ("text hidden_size", t.hidden_size, MAX_WIDTH),
+        ("text intermediate_size", t.intermediate_size, MAX_WIDTH),
+        ("text head_dim", t.head_dim, MAX_WIDTH),
+        ("text num_hidden_layers", t.num_layers, MAX_COUNT),
+        ("text num_attention_heads", t.num_heads, MAX_COUNT),
+        ("text num_key_value_heads", t.num_kv_heads, MAX_COUNT),
+        ("vision_config depth", v.depth, MAX_COUNT),
+        (
+            "vision_config width (embed_dim / hidden_size)",
+            v.width,
+            MAX_WIDTH,
+        ),
+        ("vision_config num_heads", v.num_heads, MAX_COUNT),
+        (
+            "vision_config MLP width (mlp_ratio / intermediate_size)",
+            v.mlp_hidden,
+            MAX_WIDTH,
+        ),
+        ("vision_config in_channels", v.in_channels, MAX_PATCH),
+        ("vision_config patch_size", v.patch_size, MAX_PATCH),
+        (
+            "vision_config temporal_patch_size",
+            v.temporal_patch_size,
+            MAX_PATCH,
+        ),
+        (
+            "vision_config spatial_merge_size",
+            v.spatial_merge_size,
+            MAX_PATCH,
+        ),
+        ("vision_config window_size", v.window_size, MAX_WIDTH),
+    ];
+    for (key, value, max) in bounded {
+        ensure!(
+            value <= max,
+            "config.json: {key} = {value} is implausibly large (at most {max})"
+        );
     }
     ensure!(
         t.num_heads.is_multiple_of(t.num_kv_heads),

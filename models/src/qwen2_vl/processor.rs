@@ -5,8 +5,9 @@
 //! made with; see `smart_resize`, [`Qwen2VlImageProcessor::process`] for the exact steps. The
 //! torchvision ("fast") backend resizes differently (±1 LSB) and is not reproduced.
 //!
-//! Not here: decoding files and colour conversion ([`crate::image`]), videos (temporal patches
-//! are filled by repeating the single frame).
+//! Not here: decoding files and colour conversion ([`crate::image`]). A picture's temporal
+//! patches are filled by repeating the single frame; videos are [`super::video`]'s, which
+//! [`ImageProcessor::video`] gives.
 
 use std::path::Path;
 
@@ -14,8 +15,9 @@ use anyhow::{Context, Result, bail, ensure};
 use image::RgbImage;
 use serde::Deserialize;
 
-use crate::capabilities::{ImageProcessor, ProcessedImage};
+use crate::capabilities::{ImageProcessor, ProcessedImage, VideoProcessor};
 use crate::image::{PixelScale, expand_image_placeholders, resize_bicubic, round_half_even};
+use crate::qwen2_vl::video::QwenVideoProcessor;
 
 /// The placeholder string Qwen's chat template emits once per image.
 pub const IMAGE_PAD_TOKEN: &str = "<|image_pad|>";
@@ -108,6 +110,15 @@ impl Qwen2VlProcessorConfig {
             config.patch_size > 0 && config.merge_size > 0 && config.temporal_patch_size > 0,
             "patch_size, merge_size and temporal_patch_size must be positive"
         );
+        ensure!(
+            config.patch_size <= 1024
+                && config.merge_size <= 64
+                && config.temporal_patch_size <= 64,
+            "patch_size = {}, merge_size = {} and temporal_patch_size = {} are implausibly large (at most 1024, 64 and 64)",
+            config.patch_size,
+            config.merge_size,
+            config.temporal_patch_size
+        );
         Ok(config)
     }
 
@@ -159,6 +170,8 @@ pub struct Qwen2VlImageProcessor {
     pub config: Qwen2VlProcessorConfig,
     /// Id of `<|image_pad|>` (`config.json`'s `image_token_id`).
     pub image_token_id: u32,
+    /// The video processor of the same directory ([`Self::from_dir`]); `None` from [`Self::new`].
+    pub video: Option<QwenVideoProcessor>,
 }
 
 impl Qwen2VlImageProcessor {
@@ -166,11 +179,12 @@ impl Qwen2VlImageProcessor {
         Self {
             config,
             image_token_id,
+            video: None,
         }
     }
 
     /// Reads `preprocessor_config.json` and `config.json`'s `image_token_id` from a Hugging Face
-    /// model directory.
+    /// model directory, and the video processor's settings ([`QwenVideoProcessor::from_dir`]).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("preprocessor_config.json");
         let text = std::fs::read_to_string(&path)
@@ -185,7 +199,15 @@ impl Qwen2VlImageProcessor {
         let Some(id) = json.get("image_token_id").and_then(|v| v.as_u64()) else {
             bail!("{} has no integer `image_token_id`", path.display());
         };
-        Ok(Self::new(config, u32::try_from(id)?))
+        let model_type = json
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let video = QwenVideoProcessor::from_dir(dir, model_type)?;
+        Ok(Self {
+            video: Some(video),
+            ..Self::new(config, u32::try_from(id)?)
+        })
     }
 
     /// Target `(height, width)` of a `width × height` picture ([`smart_resize`]), or its own
@@ -201,6 +223,17 @@ impl Qwen2VlImageProcessor {
     /// Steps 2–3: the picture resized with Pillow's bicubic to [`Self::target_size`].
     pub fn resize(&self, image: &RgbImage) -> Result<RgbImage> {
         let (h, w) = self.target_size(image.width() as usize, image.height() as usize)?;
+        // The patch rows hold 3·T values per pixel: bounded memory whatever min_pixels says.
+        let values = h
+            .saturating_mul(w)
+            .saturating_mul(3 * self.config.temporal_patch_size);
+        ensure!(
+            values <= crate::image::MAX_PIXEL_VALUES && u32::try_from(h.max(w)).is_ok(),
+            "a {}x{} picture would be resized to {w}x{h}, {values} values (more than {}): check min_pixels / max_pixels (size.shortest_edge / longest_edge) of preprocessor_config.json",
+            image.width(),
+            image.height(),
+            crate::image::MAX_PIXEL_VALUES
+        );
         Ok(resize_bicubic(image, w as u32, h as u32))
     }
 
@@ -257,6 +290,7 @@ impl Qwen2VlImageProcessor {
             grid: vec![1, gh, gw],
             num_tokens: gh * gw / (m * m),
             patch_positions: None,
+            video: None,
         })
     }
 }
@@ -277,6 +311,10 @@ impl ImageProcessor for Qwen2VlImageProcessor {
         expand_image_placeholders(ids, self.image_token_id, images, |n, out| {
             out.extend(std::iter::repeat_n(self.image_token_id, n))
         })
+    }
+
+    fn video(&self) -> Option<&dyn VideoProcessor> {
+        self.video.as_ref().map(|v| v as &dyn VideoProcessor)
     }
 }
 
@@ -332,6 +370,7 @@ mod tests {
             grid: vec![1, 2, 4],
             num_tokens: 2,
             patch_positions: None,
+            video: None,
         };
         let ids = [1, 8, 9, 7, 8, 9, 7];
         let out = p
