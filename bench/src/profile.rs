@@ -137,6 +137,7 @@ fn image(seed: usize) -> ProcessedImage {
         grid: vec![1, gh, gw],
         num_tokens: n / 4,
         patch_positions: None,
+        video: None,
     }
 }
 

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
-use flowrl_models::capabilities::{PaddedBatch, ProcessedImage};
+use flowrl_models::capabilities::{PaddedBatch, ProcessedImage, VideoFrames};
 use image::RgbImage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
@@ -100,7 +100,8 @@ pub struct Prompt {
     pub uid: String,
     /// Token ids, image placeholders expanded.
     pub input_ids: Vec<u32>,
-    /// Processed pictures in placeholder order.
+    /// Processed pictures and videos, in `<image>`/`<video>` placeholder order (a video has
+    /// [`ProcessedImage::video`] set).
     pub images: Vec<ProcessedImage>,
     /// The file's messages (for logs).
     pub messages: Vec<ChatMessage>,
@@ -250,6 +251,33 @@ pub fn decode_row_images(row: &VerlRow, options: &ReadOptions) -> Result<Vec<Rgb
         .collect()
 }
 
+/// Decodes and samples the videos of a row ([`crate::video::video_frames`]); errors name file,
+/// row and video column.
+pub fn decode_row_videos(
+    row: &VerlRow,
+    options: &ReadOptions,
+) -> Result<Vec<VideoFrames>, DataError> {
+    let col = options.columns.video_key.as_deref().unwrap_or("videos");
+    let err = |msg: String| DataError::cell(&row.source.file, row.source.row, col, msg);
+    row.videos
+        .iter()
+        .enumerate()
+        .map(|(v, video)| {
+            let frames = video
+                .frames
+                .iter()
+                .enumerate()
+                .map(|(k, f)| {
+                    crate::images::decode_rgb(&f.bytes)
+                        .map_err(|m| err(format!("video {v} frame {k}: {m}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            crate::video::video_frames(video, frames, &options.video)
+                .map_err(|m| err(format!("video {v}: {m}")))
+        })
+        .collect()
+}
+
 impl PromptDataset {
     /// Reads, checks, encodes and filters every row of `paths` (in order).
     pub fn load(
@@ -265,8 +293,12 @@ impl PromptDataset {
         anyhow::ensure!(!paths.is_empty(), "no data files given");
         let mut report = LoadReport::default();
         let mut records = Vec::new();
-        let multimodal = options.read.columns.image_key.is_some();
-        let image_token = encoder.image_token_id();
+        let has_images = options.read.columns.image_key.is_some();
+        let vision_tokens: Vec<u32> = encoder
+            .image_token_id()
+            .into_iter()
+            .chain(encoder.video_token_id())
+            .collect();
         let prompt_col = options.read.columns.prompt_key.clone();
         // Images are decoded (and so checked) once below, with the same error messages.
         let read = ReadOptions {
@@ -280,8 +312,10 @@ impl PromptDataset {
             for row in file.rows {
                 let (file_path, r) = (row.source.file.clone(), row.source.row);
                 let images = decode_row_images(&row, &options.read)?;
+                let videos = decode_row_videos(&row, &options.read)?;
+                let multimodal = has_images || !videos.is_empty();
                 let enc = encoder
-                    .encode(&row.messages, &images, multimodal)
+                    .encode_media(&row.messages, &images, &videos, multimodal)
                     .map_err(|e| DataError::cell(&file_path, r, &prompt_col, format!("{e:#}")))?;
                 let mut ids = enc.input_ids;
                 let max = options.max_prompt_length;
@@ -308,9 +342,10 @@ impl PromptDataset {
                         Truncation::Left => ids[ids.len() - max..].to_vec(),
                         Truncation::Right => ids[..max].to_vec(),
                     };
-                    if let Some(t) = image_token {
-                        let before = ids.iter().filter(|&&x| x == t).count();
-                        let after = kept.iter().filter(|&&x| x == t).count();
+                    if !vision_tokens.is_empty() {
+                        let count =
+                            |ids: &[u32]| ids.iter().filter(|x| vision_tokens.contains(x)).count();
+                        let (before, after) = (count(&ids), count(&kept));
                         if before != after {
                             return Err(DataError::cell(
                                 &file_path,
@@ -453,6 +488,22 @@ impl PromptDataset {
             let rec = &self.records[*index];
             let row = &rec.row;
             let mut images = Vec::with_capacity(row.images.len());
+            let videos = self
+                .encoder
+                .process_videos(&decode_row_videos(row, &self.options.read)?)
+                .map_err(|e| {
+                    DataError::cell(
+                        &row.source.file,
+                        row.source.row,
+                        self.options
+                            .read
+                            .columns
+                            .video_key
+                            .as_deref()
+                            .unwrap_or("videos"),
+                        format!("{e:#}"),
+                    )
+                })?;
             if !row.images.is_empty() {
                 let processor = self
                     .encoder
@@ -478,6 +529,7 @@ impl PromptDataset {
                     })?);
                 }
             }
+            let images = crate::encoder::interleave(&row.messages, images, videos)?;
             prompts.push(Prompt {
                 uid: uid.clone(),
                 input_ids: rec.input_ids.clone(),

@@ -8,12 +8,19 @@
 //!    drop a doubled leading BOS, so there is never a double BOS;
 //! 4. process each picture with the model's image processor and expand the k-th placeholder
 //!    token (Qwen: one `<|image_pad|>`) to image k's `num_tokens` tokens.
+//!
+//! Videos ([`PromptEncoder::encode_media`]) are processed by the image processor's video
+//! capability and expanded in the rendered text, before step 3, as transformers' processors do
+//! (Qwen3-VL writes frame timestamps there): the k-th `<|video_pad|>` becomes video k's
+//! [`VideoProcessor::expanded_text`].
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use flowrl_models::capabilities::{ImageProcessor, ProcessedImage, load_image_processor};
+use flowrl_models::capabilities::{
+    ImageProcessor, ProcessedImage, VideoFrames, VideoProcessor, load_image_processor,
+};
 use image::RgbImage;
 use tokenizers::Tokenizer;
 
@@ -27,9 +34,9 @@ pub struct EncodedPrompt {
     pub text: String,
     /// Token ids with every image placeholder expanded.
     pub input_ids: Vec<u32>,
-    /// The processed pictures, in placeholder order.
+    /// The processed pictures and videos, in placeholder order.
     pub images: Vec<ProcessedImage>,
-    /// Σ num_tokens over the images.
+    /// Σ num_tokens over the pictures and videos.
     pub num_image_tokens: usize,
 }
 
@@ -130,6 +137,59 @@ impl PromptEncoder {
         self.tokenizer.token_to_id(p.placeholder_token())
     }
 
+    /// Id of the video placeholder token, if the model has a video processor.
+    pub fn video_token_id(&self) -> Option<u32> {
+        let v = self.processor.as_ref()?.video()?;
+        self.tokenizer.token_to_id(v.placeholder_text())
+    }
+
+    /// The model's video processor, or an error saying the model takes no videos.
+    pub fn video_processor(&self) -> Result<&dyn VideoProcessor> {
+        self.processor
+            .as_ref()
+            .and_then(|p| p.video())
+            .ok_or_else(|| anyhow!("the prompt has videos but the model has no video processor"))
+    }
+
+    /// `videos` processed by the model's video processor.
+    pub fn process_videos(&self, videos: &[VideoFrames]) -> Result<Vec<ProcessedImage>> {
+        if videos.is_empty() {
+            return Ok(Vec::new());
+        }
+        let processor = self.video_processor()?;
+        videos
+            .iter()
+            .enumerate()
+            .map(|(k, v)| {
+                processor
+                    .process_video(v)
+                    .with_context(|| format!("processing video {k}"))
+            })
+            .collect()
+    }
+
+    /// The rendered `text` with the k-th video placeholder replaced by video k's expansion.
+    pub fn expand_video_text(&self, text: &str, videos: &[ProcessedImage]) -> Result<String> {
+        if videos.is_empty() {
+            return Ok(text.to_string());
+        }
+        let processor = self.video_processor()?;
+        let placeholder = processor.placeholder_text();
+        let pieces: Vec<&str> = text.split(placeholder).collect();
+        ensure!(
+            pieces.len() - 1 == videos.len(),
+            "the chat template emitted {} `{placeholder}` for {} video(s)",
+            pieces.len() - 1,
+            videos.len()
+        );
+        let mut out = String::from(pieces[0]);
+        for (video, piece) in videos.iter().zip(&pieces[1..]) {
+            out.push_str(&processor.expanded_text(video)?);
+            out.push_str(piece);
+        }
+        Ok(out)
+    }
+
     /// The whole flow of the module doc for one prompt. `images` are in placeholder order.
     pub fn encode(
         &self,
@@ -137,14 +197,28 @@ impl PromptEncoder {
         images: &[RgbImage],
         multimodal: bool,
     ) -> Result<EncodedPrompt> {
+        self.encode_media(messages, images, &[], multimodal)
+    }
+
+    /// [`Self::encode`] of a prompt with pictures and videos (each in its placeholder order); the
+    /// processed inputs come back interleaved in `<image>`/`<video>` order of `messages`.
+    pub fn encode_media(
+        &self,
+        messages: &[ChatMessage],
+        images: &[RgbImage],
+        videos: &[VideoFrames],
+        multimodal: bool,
+    ) -> Result<EncodedPrompt> {
         let text = self.render(messages, multimodal)?;
-        let ids = self.tokenize(&text)?;
+        let processed_videos = self.process_videos(videos)?;
+        let ids = self.tokenize(&self.expand_video_text(&text, &processed_videos)?)?;
         if images.is_empty() {
+            let num_image_tokens = processed_videos.iter().map(|p| p.num_tokens).sum();
             return Ok(EncodedPrompt {
                 text,
                 input_ids: ids,
-                images: Vec::new(),
-                num_image_tokens: 0,
+                images: interleave(messages, Vec::new(), processed_videos)?,
+                num_image_tokens,
             });
         }
         let Some(processor) = &self.processor else {
@@ -173,12 +247,46 @@ impl PromptEncoder {
             })
             .collect::<Result<Vec<_>>>()?;
         let input_ids = processor.expand_placeholders(&ids, &processed)?;
-        let num_image_tokens = processed.iter().map(|p| p.num_tokens).sum();
+        let images = interleave(messages, processed, processed_videos)?;
+        let num_image_tokens = images.iter().map(|p| p.num_tokens).sum();
         Ok(EncodedPrompt {
             text,
             input_ids,
-            images: processed,
+            images,
             num_image_tokens,
         })
     }
+}
+
+/// Pictures and videos (each in its own placeholder order) merged in the `<image>`/`<video>`
+/// order of `messages` (the order of their tokens in the prompt, which the vision tower and the
+/// position ids follow).
+pub fn interleave(
+    messages: &[ChatMessage],
+    images: Vec<ProcessedImage>,
+    videos: Vec<ProcessedImage>,
+) -> Result<Vec<ProcessedImage>> {
+    if videos.is_empty() {
+        return Ok(images);
+    }
+    let order = crate::verl::placeholder_order(messages);
+    let (n_images, n_videos) = (images.len(), videos.len());
+    ensure!(
+        order.iter().filter(|&&v| !v).count() == n_images
+            && order.iter().filter(|&&v| v).count() == n_videos,
+        "the messages hold {} <image> and {} <video> placeholders for {n_images} image(s) and {n_videos} video(s)",
+        order.iter().filter(|&&v| !v).count(),
+        order.iter().filter(|&&v| v).count()
+    );
+    let (mut images, mut videos) = (images.into_iter(), videos.into_iter());
+    Ok(order
+        .into_iter()
+        .map(|video| {
+            if video {
+                videos.next().expect("counted")
+            } else {
+                images.next().expect("counted")
+            }
+        })
+        .collect())
 }

@@ -3,6 +3,7 @@
 //! - [`verl`]: verl's RL parquet schema (prompt messages, images, reward model, data source,
 //!   extra info), configurable column names, every row group, checked rows.
 //! - [`images`]: encoded PNG/JPEG bytes → RGB, as verl's `process_image` does.
+//! - [`video`]: verl's `videos` column (frame lists), frame sampling at a given fps.
 //! - [`template`]: the model's Jinja chat template rendered like `apply_chat_template`.
 //! - [`encoder`]: template → tokens → image placeholder expansion through the model's
 //!   `ImageProcessor` capability.
@@ -22,6 +23,7 @@ mod rng;
 pub mod synth;
 pub mod template;
 pub mod verl;
+pub mod video;
 
 pub use dataset::{
     DataPosition, DatasetOptions, LoadReport, Prompt, PromptBatch, PromptDataset, Truncation,

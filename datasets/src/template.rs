@@ -24,6 +24,7 @@ use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::{Value as Json, json};
 
 use crate::verl::{ChatMessage, IMAGE_PLACEHOLDER};
+use crate::video::VIDEO_PLACEHOLDER;
 
 /// A loaded chat template plus the special-token strings it may refer to.
 pub struct ChatTemplate {
@@ -119,6 +120,9 @@ impl ChatTemplate {
                 .map_err(|e| anyhow!("{e}"))?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // A template is outside input: a loop over range(10^11), or filters that would build
+        // gigabytes (`indent(10^11)`), run out of fuel and fail instead of running on.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
@@ -160,8 +164,9 @@ impl ChatTemplate {
     }
 }
 
-/// verl's multimodal message layout: each content split on `<image>` into image and text items
-/// (empty text pieces dropped). Text-only data keeps plain string contents (`multimodal = false`).
+/// verl's multimodal message layout: each content split on `<image>` and `<video>` into image,
+/// video and text items (empty text pieces dropped; verl `re.split("(<image>|<video>)")`).
+/// Text-only data keeps plain string contents (`multimodal = false`).
 pub fn multimodal_messages(messages: &[ChatMessage], multimodal: bool) -> Json {
     Json::Array(
         messages
@@ -171,12 +176,17 @@ pub fn multimodal_messages(messages: &[ChatMessage], multimodal: bool) -> Json {
                     return json!({"role": m.role, "content": m.content});
                 }
                 let mut items = Vec::new();
-                for (k, piece) in m.content.split(IMAGE_PLACEHOLDER).enumerate() {
+                for (k, part) in m.content.split(IMAGE_PLACEHOLDER).enumerate() {
                     if k > 0 {
                         items.push(json!({"type": "image"}));
                     }
-                    if !piece.is_empty() {
-                        items.push(json!({"type": "text", "text": piece}));
+                    for (j, piece) in part.split(VIDEO_PLACEHOLDER).enumerate() {
+                        if j > 0 {
+                            items.push(json!({"type": "video"}));
+                        }
+                        if !piece.is_empty() {
+                            items.push(json!({"type": "text", "text": piece}));
+                        }
                     }
                 }
                 json!({"role": m.role, "content": items})
@@ -187,6 +197,13 @@ pub fn multimodal_messages(messages: &[ChatMessage], multimodal: bool) -> Json {
 
 /// transformers' `tojson` filter: `json.dumps(x, ensure_ascii=False, indent=indent)`, i.e. `", "`
 /// and `": "` separators without indent, no HTML escaping.
+/// minijinja fuel of one render: 10^7 instructions, or 640 MB of produced bytes; a real chat
+/// template spends a few thousand.
+const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// The largest `tojson(indent=…)` a chat template may ask for.
+const MAX_TOJSON_INDENT: usize = 64;
+
 fn tojson(value: &Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value, Error> {
     let indent = match indent {
         Some(n) => Some(n),
@@ -197,6 +214,15 @@ fn tojson(value: &Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value,
     let _: Option<Value> = kwargs.get("sort_keys")?;
     let _: Option<Value> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
+    // A template is outside input: an indent of 10^11 spaces must be an error, not an allocation.
+    if let Some(n) = indent
+        && n > MAX_TOJSON_INDENT
+    {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: indent {n} is too large (at most {MAX_TOJSON_INDENT})"),
+        ));
+    }
     let json: Json = serde_json::to_value(value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();

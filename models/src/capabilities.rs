@@ -35,6 +35,21 @@ pub struct ProcessedImage {
     /// `(-1, -1)` on padding rows; `None` where the layout follows from `grid` alone (Qwen).
     /// Gemma 4: `max_patches` entries (the vision tower's `pixel_position_ids`).
     pub patch_positions: Option<Vec<[i64; 2]>>,
+    /// `Some` when the input is a video ([`VideoProcessor`]): its frames' timing. Its tokens in
+    /// the prompt are then the vision tower's video token ([`Vision::video_token_id`]).
+    pub video: Option<VideoTiming>,
+}
+
+/// The timing of a processed video (Qwen: `grid[0]` temporal patches of `temporal_patch_size`
+/// frames each).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoTiming {
+    /// Seconds one temporal patch spans: `temporal_patch_size / fps` of the processed frames
+    /// (transformers' `second_per_grid_ts`).
+    pub second_per_grid_t: f32,
+    /// Per temporal patch, its time in seconds: the mean of its first and last frame's time
+    /// (transformers Qwen3-VL `_calculate_timestamps`).
+    pub patch_seconds: Vec<f64>,
 }
 
 /// Turns pictures into model inputs and tells how the prompt's image placeholder expands.
@@ -45,6 +60,52 @@ pub trait ImageProcessor: Send + Sync {
     fn placeholder_token(&self) -> &str;
     /// Replace each placeholder token id in `ids`, in order, by the ids image k becomes.
     fn expand_placeholders(&self, ids: &[u32], images: &[ProcessedImage]) -> Result<Vec<u32>>;
+    /// The family's video processor, when it takes videos.
+    fn video(&self) -> Option<&dyn VideoProcessor> {
+        None
+    }
+}
+
+/// A video as the dataset gives it: decoded frames in time order and their timing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoFrames {
+    pub frames: Vec<image::RgbImage>,
+    /// Frame rate of `frames` (after any sampling), frames per second.
+    pub fps: f64,
+    /// Index of each frame in the source video at `source_fps` (`0..n` for a frame list).
+    pub frame_indices: Vec<usize>,
+    /// Frame rate of the source the indices count in (`fps` for a frame list).
+    pub source_fps: f64,
+}
+
+impl VideoFrames {
+    /// A frame list at `fps`: every frame kept, indices `0..n`.
+    pub fn from_list(frames: Vec<image::RgbImage>, fps: f64) -> Self {
+        let frame_indices = (0..frames.len()).collect();
+        Self {
+            frames,
+            fps,
+            frame_indices,
+            source_fps: fps,
+        }
+    }
+}
+
+/// Turns videos into model inputs (the video-processor capability). A video becomes one
+/// [`ProcessedImage`] with [`ProcessedImage::video`] set; the vision tower takes it like a
+/// picture.
+///
+/// Placeholders are expanded in the rendered prompt *text*, before tokenization (as
+/// transformers' processors do): the k-th occurrence of [`Self::placeholder_text`] becomes
+/// [`Self::expanded_text`] of video k. (Qwen3-VL writes frame timestamps between the frames, so a
+/// token-level expansion would need the tokenizer.)
+pub trait VideoProcessor: Send + Sync {
+    /// Resize, normalise and lay out one video.
+    fn process_video(&self, video: &VideoFrames) -> Result<ProcessedImage>;
+    /// The text the chat template writes for one video (Qwen2-VL: `"<|video_pad|>"`).
+    fn placeholder_text(&self) -> &str;
+    /// The text that replaces one placeholder of `video`.
+    fn expanded_text(&self, video: &ProcessedImage) -> Result<String>;
 }
 
 /// Reads `config.json`'s `model_type` and `preprocessor_config.json` of a Hugging Face directory
@@ -279,6 +340,8 @@ pub trait CausalLm<B: Backend> {
 
     /// Runs the decoder over `embeds` `[batch, len, hidden]` at `positions`
     /// `[streams, batch, len]` and returns the final-normed hidden states `[batch, len, hidden]`.
+    /// Families whose vision tower gives layer inputs accept `embeds` of `(1 + K) · hidden`
+    /// channels (see [`Vision::embed_images`]).
     ///
     /// `ids` `[batch, len]` are the token ids `embeds` were made from (image placeholder ids
     /// included, even where image embeddings replaced their rows): families with token-identity
@@ -316,27 +379,53 @@ pub trait Vision<B: Backend> {
     /// The token id whose positions receive image embeddings.
     fn image_token_id(&self) -> u32;
 
-    /// Embeddings `[Σ num_tokens, hidden]` of `images`, concatenated in order.
+    /// The token id whose positions receive video embeddings, when the tower takes videos.
+    fn video_token_id(&self) -> Option<u32> {
+        None
+    }
+
+    /// Every token id that receives vision embeddings: the image token, then the video token.
+    fn vision_token_ids(&self) -> Vec<u32> {
+        std::iter::once(self.image_token_id())
+            .chain(self.video_token_id())
+            .collect()
+    }
+
+    /// Embeddings `[Σ num_tokens, hidden · (1 + K)]` of `images` (pictures and videos),
+    /// concatenated in order.
+    ///
+    /// The first `hidden` channels replace the image tokens' input embeddings. K ≥ 0 further
+    /// blocks of `hidden` channels are *layer inputs* of towers that also feed the decoder's
+    /// first layers (Qwen3-VL's DeepStack: block k is added to the residual stream after
+    /// decoder layer k at the image positions). They ride in the input embeddings so that every
+    /// caller's path (embed tokens → scatter → `forward_hidden`) carries them unchanged:
+    /// [`scatter_image_embeddings`] gives text positions zeros there, and the family's
+    /// [`CausalLm::forward_hidden`] splits them off. K = 0 for most families.
     fn embed_images(&self, images: &[ProcessedImage], device: &B::Device) -> Result<Tensor<B, 2>>;
 }
 
-/// Replaces the embeddings at the positions where `ids == image_token_id` (row-major over
-/// `[batch, len]`) by the rows of `image_embeds`, in order. Differentiable in both inputs
+/// Replaces the embeddings at the positions where `ids` holds one of `token_ids` (the vision
+/// tokens, [`Vision::vision_token_ids`]; row-major over `[batch, len]`) by the rows of
+/// `image_embeds`, in order. Differentiable in both inputs
 /// (a `select` over the concatenation `[text rows; image rows]`).
+///
+/// `image_embeds` may be `(1 + K)` times as wide as `text_embeds` (K layer-input blocks, see
+/// [`Vision::embed_images`]): the text rows are then extended with zeros and the result is
+/// `[batch, len, (1 + K) · hidden]`.
 pub fn scatter_image_embeddings<B: Backend>(
     text_embeds: Tensor<B, 3>,
     ids: &[u32],
-    image_token_id: u32,
+    token_ids: &[u32],
     image_embeds: Tensor<B, 2>,
 ) -> Result<Tensor<B, 3>> {
     let [batch, len, hidden] = text_embeds.dims();
     ensure!(ids.len() == batch * len, "ids do not match the embeddings");
     let [n_image, image_hidden] = image_embeds.dims();
     ensure!(
-        image_hidden == hidden,
+        image_hidden >= hidden && image_hidden.is_multiple_of(hidden),
         "image embeddings are {image_hidden} wide, text embeddings {hidden}"
     );
-    let n_tokens = ids.iter().filter(|&&t| t == image_token_id).count();
+    let n_tokens = ids.iter().filter(|t| token_ids.contains(t)).count();
     ensure!(
         n_tokens == n_image,
         "the prompts hold {n_tokens} image tokens but the images give {n_image} embeddings"
@@ -349,7 +438,7 @@ pub fn scatter_image_embeddings<B: Backend>(
         .iter()
         .enumerate()
         .map(|(i, &t)| {
-            if t == image_token_id {
+            if token_ids.contains(&t) {
                 next += 1;
                 (next - 1) as i64
             } else {
@@ -359,11 +448,14 @@ pub fn scatter_image_embeddings<B: Backend>(
         .collect();
     let device = text_embeds.device();
     let index = Tensor::<B, 1, Int>::from_data(TensorData::new(index, [batch * len]), &device);
-    let rows = Tensor::cat(
-        vec![text_embeds.reshape([batch * len, hidden]), image_embeds],
-        0,
-    );
-    Ok(rows.select(0, index).reshape([batch, len, hidden]))
+    let mut text_rows = text_embeds.reshape([batch * len, hidden]);
+    if image_hidden > hidden {
+        let dtype = text_rows.dtype();
+        let zeros = Tensor::zeros([batch * len, image_hidden - hidden], (&device, dtype));
+        text_rows = Tensor::cat(vec![text_rows, zeros], 1);
+    }
+    let rows = Tensor::cat(vec![text_rows, image_embeds], 0);
+    Ok(rows.select(0, index).reshape([batch, len, image_hidden]))
 }
 
 #[cfg(test)]
@@ -410,10 +502,25 @@ mod tests {
         )
         .reshape([2, 2]);
         let ids = [1, 9, 9, 3];
-        let out = scatter_image_embeddings(text.clone(), &ids, 9, image.clone()).unwrap();
+        let out = scatter_image_embeddings(text.clone(), &ids, &[9], image.clone()).unwrap();
         let v = out.into_data().into_vec::<f32>().unwrap();
         assert_eq!(v, vec![0.0, 1.0, 100.0, 101.0, 200.0, 201.0, 6.0, 7.0]);
-        let err = scatter_image_embeddings(text, &[9, 1, 1, 1], 9, image).unwrap_err();
+        // Image (9) and video (8) tokens take the vision rows in prompt order.
+        let out =
+            scatter_image_embeddings(text.clone(), &[8, 1, 9, 3], &[9, 8], image.clone()).unwrap();
+        let v = out.into_data().into_vec::<f32>().unwrap();
+        assert_eq!(v, vec![100.0, 101.0, 2.0, 3.0, 200.0, 201.0, 6.0, 7.0]);
+        let wide = Tensor::<Flex, 1>::from_data(
+            TensorData::new(vec![100.0f32, 101.0, 102.0, 103.0], [4]),
+            &device,
+        )
+        .reshape([1, 4]);
+        let out = scatter_image_embeddings(text.clone(), &[9, 1, 2, 3], &[9], wide).unwrap();
+        assert_eq!(out.dims(), [2, 2, 4]);
+        let v = out.into_data().into_vec::<f32>().unwrap();
+        // The image row keeps its layer-input block; text rows get zeros there.
+        assert_eq!(&v[..8], &[100.0, 101.0, 102.0, 103.0, 2.0, 3.0, 0.0, 0.0]);
+        let err = scatter_image_embeddings(text, &[9, 1, 1, 1], &[9], image).unwrap_err();
         assert!(
             err.to_string()
                 .contains("1 image tokens but the images give 2")

@@ -154,7 +154,7 @@ pub fn generate<B: Backend, R: Rng + Send>(
             embeds = scatter_image_embeddings(
                 embeds,
                 &padded.ids,
-                vision.image_token_id(),
+                &vision.vision_token_ids(),
                 image_embeds,
             )?;
         }

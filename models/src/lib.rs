@@ -10,7 +10,8 @@
 //! - [`checkpoint`]: Hugging Face safetensors directories (single/sharded): checked, lean
 //!   reading into the target precision, and sharded writing.
 //! - [`lora`]: LoRA adapters with PEFT's semantics and file layout.
-//! - one folder per family: [`qwen2_vl`] (Qwen2-VL and Qwen2.5-VL), [`gemma4`].
+//! - [`value_head`]: the critic's value head on any family's model (`ValueModel`).
+//! - one folder per family: [`qwen2_vl`] (Qwen2-VL and Qwen2.5-VL), [`qwen3_vl`], [`gemma4`].
 //! - [`image`]: image resampling shared by processors; [`generate`], [`sampling`]: decoding.
 
 pub mod capabilities;
@@ -22,12 +23,15 @@ pub mod layers;
 pub mod lora;
 pub mod model;
 pub mod qwen2_vl;
+pub mod qwen3_vl;
 pub mod registry;
 pub mod sampling;
+pub mod value_head;
 pub mod weights;
 
 pub use capabilities::{
     CausalLm, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch, PositionIds,
-    ProcessedImage, Vision, load_image_processor, plain_positions, scatter_image_embeddings,
+    ProcessedImage, VideoFrames, VideoProcessor, VideoTiming, Vision, load_image_processor,
+    plain_positions, scatter_image_embeddings,
 };
 pub use model::Model;

@@ -19,6 +19,7 @@ use crate::checkpoint::{Checkpoint, write_checkpoint};
 use crate::gemma4::{Gemma4, Gemma4Config};
 use crate::lora::Merged;
 use crate::qwen2_vl::{QwenVl, QwenVlConfig};
+use crate::qwen3_vl::{Qwen3Vl, Qwen3VlConfig};
 use crate::weights::{
     Precision, RandomInit, SavedSizes, ShapeOnly, WeightSink, WeightSource, WeightVisitor,
 };
@@ -32,6 +33,8 @@ pub enum Model<B: Backend> {
     QwenVl(QwenVl<B>),
     /// Gemma 4.
     Gemma4(Gemma4<B>),
+    /// Qwen3-VL.
+    Qwen3Vl(Qwen3Vl<B>),
 }
 
 /// A parsed config of any registered family.
@@ -39,6 +42,7 @@ pub enum Model<B: Backend> {
 enum FamilyConfig {
     QwenVl(QwenVlConfig),
     Gemma4(Box<Gemma4Config>),
+    Qwen3Vl(Box<Qwen3VlConfig>),
 }
 
 fn parse_config(text: &str) -> Result<FamilyConfig> {
@@ -53,6 +57,9 @@ fn parse_config(text: &str) -> Result<FamilyConfig> {
         "gemma4" => Ok(FamilyConfig::Gemma4(Box::new(Gemma4Config::from_value(
             &json,
         )?))),
+        "qwen3_vl" => Ok(FamilyConfig::Qwen3Vl(Box::new(Qwen3VlConfig::from_value(
+            &json,
+        )?))),
         other => bail!("model_type `{other}` is registered but has no model implementation"),
     }
 }
@@ -62,6 +69,7 @@ impl<B: Backend> Model<B> {
         match config {
             FamilyConfig::QwenVl(c) => Model::QwenVl(QwenVl::load(src, c)),
             FamilyConfig::Gemma4(c) => Model::Gemma4(Gemma4::load(src, c)),
+            FamilyConfig::Qwen3Vl(c) => Model::Qwen3Vl(Qwen3Vl::load(src, c)),
         }
     }
 
@@ -115,6 +123,7 @@ impl<B: Backend> Model<B> {
         let std = match &config {
             FamilyConfig::QwenVl(c) => c.text.initializer_range as f32,
             FamilyConfig::Gemma4(c) => c.initializer_range() as f32,
+            FamilyConfig::Qwen3Vl(c) => c.text.initializer_range as f32,
         };
         let mut src = RandomInit::<B>::new(device, seed, std).with_precision(precision);
         Ok(Self::build(&config, &mut src))
@@ -202,6 +211,7 @@ impl<B: Backend> Model<B> {
         match self {
             Model::QwenVl(m) => m.export(sink),
             Model::Gemma4(m) => m.export(sink),
+            Model::Qwen3Vl(m) => m.export(sink),
         }
     }
 
@@ -210,6 +220,7 @@ impl<B: Backend> Model<B> {
         match self {
             Model::QwenVl(m) => m.config.to_json(),
             Model::Gemma4(m) => m.config.to_json(),
+            Model::Qwen3Vl(m) => m.config.to_json(),
         }
     }
 
@@ -219,6 +230,7 @@ impl<B: Backend> Model<B> {
         match self {
             Model::QwenVl(m) => m.config.flavor.model_type(),
             Model::Gemma4(_) => "gemma4",
+            Model::Qwen3Vl(_) => "qwen3_vl",
         }
     }
 
@@ -227,6 +239,7 @@ impl<B: Backend> Model<B> {
         match self {
             Model::QwenVl(m) => m,
             Model::Gemma4(m) => m,
+            Model::Qwen3Vl(m) => m,
         }
     }
 
@@ -235,6 +248,7 @@ impl<B: Backend> Model<B> {
         match self {
             Model::QwenVl(m) => Some(m),
             Model::Gemma4(m) => m.vision.as_ref().map(|_| m as &dyn Vision<B>),
+            Model::Qwen3Vl(m) => Some(m),
         }
     }
 
@@ -247,9 +261,12 @@ impl<B: Backend> Model<B> {
     /// transformers' `Qwen2VisionTransformerPretrainedModel` owns `merger`. Gemma 4: the vision
     /// encoder and its `embed_vision` projection, the same choice (the tower together with its
     /// projector); verl's helper looks only for a `visual` attribute and freezes nothing there.
+    /// Qwen3-VL: the whole `visual` module, its DeepStack mergers included (transformers'
+    /// `Qwen3VLVisionModel` owns `deepstack_merger_list`).
     pub fn visit_vision_tower<V: burn::module::ModuleVisitor<B>>(&self, visitor: &mut V) {
         match self {
             Model::QwenVl(m) => m.visual.visit(visitor),
+            Model::Qwen3Vl(m) => m.visual.visit(visitor),
             Model::Gemma4(m) => {
                 if let Some(v) = &m.vision {
                     v.visit(visitor)
@@ -277,6 +294,7 @@ impl<B: Backend> Model<B> {
         match self {
             Model::QwenVl(m) => Some(&m.positions),
             Model::Gemma4(_) => None,
+            Model::Qwen3Vl(m) => Some(&m.positions),
         }
     }
 
@@ -316,7 +334,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// Input embeddings `[batch, len, hidden]` of a prompt batch: token embeddings with the
-    /// image embeddings scattered into the image-token positions.
+    /// image embeddings scattered into the image-token positions (`(1 + K) · hidden` wide when
+    /// the images carry K layer-input blocks, see [`Vision::embed_images`]).
     pub fn input_embeddings(
         &self,
         batch: &PaddedBatch,
@@ -329,14 +348,11 @@ impl<B: Backend> Model<B> {
         match self.vision() {
             Some(v) if !images.is_empty() => {
                 let image_embeds = v.embed_images(images, device)?;
-                scatter_image_embeddings(embeds, &batch.ids, v.image_token_id(), image_embeds)
+                scatter_image_embeddings(embeds, &batch.ids, &v.vision_token_ids(), image_embeds)
             }
             Some(v) => {
-                let n = batch
-                    .ids
-                    .iter()
-                    .filter(|&&t| t == v.image_token_id())
-                    .count();
+                let vision_ids = v.vision_token_ids();
+                let n = batch.ids.iter().filter(|t| vision_ids.contains(t)).count();
                 if n > 0 {
                     bail!("the prompts hold {n} image tokens but no images were given");
                 }

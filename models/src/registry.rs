@@ -31,7 +31,7 @@ fn gemma4_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
     ))
 }
 
-/// Every family flowrl knows. Qwen2.5-VL uses Qwen2-VL's image processor.
+/// Every family flowrl knows. Qwen2.5-VL and Qwen3-VL use Qwen2-VL's image processor.
 pub const FAMILIES: &[Family] = &[
     Family {
         model_type: "qwen2_vl",
@@ -44,6 +44,10 @@ pub const FAMILIES: &[Family] = &[
     Family {
         model_type: "gemma4",
         image_processor: Some(gemma4_processor),
+    },
+    Family {
+        model_type: "qwen3_vl",
+        image_processor: Some(qwen_vl_processor),
     },
 ];
 

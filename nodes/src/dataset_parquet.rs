@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use flowrl_datasets::verl::{ReadOptions, VerlColumns};
+use flowrl_datasets::video::VideoOptions;
 use flowrl_datasets::{DataPosition, DatasetOptions, PromptDataset, PromptEncoder, Truncation};
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, ParamType, Params,
@@ -55,6 +56,9 @@ struct DatasetParams {
     data_source_key: String,
     skip_mismatched_rows: bool,
     verl_image_patch_size: Option<u32>,
+    video_key: String,
+    video_sample_fps: f64,
+    video_fps: Option<f64>,
 }
 
 impl DatasetParams {
@@ -73,6 +77,7 @@ impl DatasetParams {
                 columns: VerlColumns {
                     prompt_key: self.prompt_key.clone(),
                     image_key: (!self.image_key.is_empty()).then(|| self.image_key.clone()),
+                    video_key: (!self.video_key.is_empty()).then(|| self.video_key.clone()),
                     ground_truth_key: self.ground_truth_key.clone(),
                     data_source_key: self.data_source_key.clone(),
                     ..VerlColumns::default()
@@ -80,6 +85,10 @@ impl DatasetParams {
                 skip_mismatched_rows: self.skip_mismatched_rows,
                 check_images: true,
                 verl_image_patch_size: self.verl_image_patch_size,
+                video: VideoOptions {
+                    sample_fps: self.video_sample_fps,
+                    fps: self.video_fps,
+                },
             },
             max_prompt_length: self.max_prompt_length,
             truncation,
@@ -148,6 +157,16 @@ impl NodeKind for DatasetParquet {
             ParamSpec::int("verl_image_patch_size").min(1.0).doc(
                 "resize pictures like verl's process_image (qwen_vl_utils.fetch_image with this \
                  image_patch_size, e.g. 14) before the model's processor; unset = processor only",
+            ),
+            ParamSpec::string("video_key").default("videos").doc(
+                "column of videos, each a list of frames (read when the file has it; \"\" to ignore it)",
+            ),
+            ParamSpec::float("video_sample_fps").default(2.0).gt(0.0).doc(
+                "frame rate of stored frame lists whose entry has no sample_fps (qwen_vl_utils' default 2)",
+            ),
+            ParamSpec::float("video_fps").gt(0.0).doc(
+                "sample every video to this many frames per second unless its entry sets fps or nframes; \
+                 unset = keep every stored frame",
             ),
             ParamSpec::bool("skip_mismatched_rows")
                 .default(false)
@@ -344,6 +363,8 @@ mod tests {
             "ground_truth_key": "reward_model.ground_truth",
             "data_source_key": "data_source",
             "skip_mismatched_rows": false,
+            "video_key": "videos",
+            "video_sample_fps": 2.0,
         });
         for (k, x) in extra.as_object().unwrap() {
             v[k] = x.clone();

@@ -4,8 +4,8 @@
 //! Responses are prompt-major (prompt i's samples are rows `i·n .. i·n + n`, verl's
 //! `repeat(interleave=True)`) and share the prompt's uid (the GRPO group). The response mask is 1
 //! for every generated token, EOS included (verl keeps the EOS in the response). The batch is
-//! padded to the longest response of the step. The image token is suppressed during sampling (a
-//! response cannot carry image features).
+//! padded to the longest response of the step. The vision tokens (image, video) are suppressed
+//! during sampling (a response cannot carry vision features).
 //!
 //! Metrics (verl's names): `response_length/mean|max|min`, `response_length/clip_ratio` (share of
 //! responses cut at `max_new_tokens`), `prompt_length/mean|max`. Timing key: `gen`.
@@ -262,7 +262,7 @@ fn sample_on<B: FlowBackend>(
     let infer = model.inference_model::<B>()?;
     let suppress = ModelParts::of(&infer)
         .vision
-        .map(|v| vec![v.image_token_id()])
+        .map(|v| v.vision_token_ids())
         .unwrap_or_default();
     let config = GenerationConfig {
         max_new_tokens: params.max_new_tokens,

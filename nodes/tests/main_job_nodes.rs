@@ -283,9 +283,11 @@ fn rollout_groups_masks_and_log_probs_match_a_full_forward() {
     assert_eq!(json["response_text"].as_array().unwrap().len(), 16);
     assert_eq!(json["uid"][0], serde_json::json!(r.uid[0]));
     // Sampling log-probs (KV-cache decoding, temperature 1, no truncation) equal the log-probs
-    // of one full forward over prompt + response, up to f32 rounding: the two paths sum attention
-    // and matmuls in different orders, which moves a few low-probability tokens' log-probs by
-    // up to ~2.5e-3 (seen at log-probs ≈ −6); on average they agree to far less.
+    // of one full forward over prompt + response, up to f32 rounding and the suppressed vision
+    // tokens: the two paths sum attention and matmuls in different orders, which moves a few
+    // low-probability tokens' log-probs by up to ~2.5e-3 (seen at log-probs ≈ −6), and sampling
+    // renormalises without the image and video tokens, which adds −log(1 − p(image, video)) to
+    // every sampled token (5.4e-3 at most in this batch, 2.7e-4 on average).
     let lp = lp.unwrap();
     let mut worst = 0f32;
     let mut total = 0f64;
@@ -294,8 +296,8 @@ fn rollout_groups_masks_and_log_probs_match_a_full_forward() {
         total += f64::from((a - b).abs());
     }
     let mean = total / r.sampling_log_probs.data.len() as f64;
-    assert!(worst < 5e-3, "max |sampling − recomputed| = {worst}");
-    assert!(mean < 2e-4, "mean |sampling − recomputed| = {mean}");
+    assert!(worst < 1e-2, "max |sampling − recomputed| = {worst}");
+    assert!(mean < 5e-4, "mean |sampling − recomputed| = {mean}");
     for key in [
         "response_length/mean",
         "response_length/clip_ratio",

@@ -3,12 +3,13 @@
 //! The two families share the text decoder, the position-id algorithm and the image processor;
 //! they differ in the vision tower ([`config::Flavor`]). Files: `config` (config.json), `text`
 //! (decoder), `vision` (tower + merger + Qwen2.5 windows), `positions` (M-RoPE ids),
-//! `processor` (image processor).
+//! `processor` (image processor), `video` (video processor, shared with Qwen3-VL).
 
 pub mod config;
 pub mod positions;
 pub mod processor;
 pub mod text;
+pub mod video;
 pub mod vision;
 
 use anyhow::Result;
@@ -17,7 +18,7 @@ use burn::prelude::*;
 use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
 use crate::weights::{WeightSource, WeightVisitor};
 pub use config::{Flavor, QwenVlConfig};
-pub use positions::MropePositions;
+pub use positions::{MropePositions, VideoTime};
 use text::TextModel;
 use vision::{VisionTower, VisionTrace};
 
@@ -41,7 +42,14 @@ impl<B: Backend> QwenVl<B> {
             config: config.clone(),
             positions: MropePositions {
                 image_token_id: config.image_token_id,
+                video_token_id: config.video_token_id,
                 spatial_merge_size: config.vision.spatial_merge_size,
+                video_time: match config.flavor {
+                    Flavor::Qwen2Vl => VideoTime::Index,
+                    Flavor::Qwen25Vl => VideoTime::Seconds {
+                        tokens_per_second: config.tokens_per_second(),
+                    },
+                },
             },
         }
     }
@@ -110,6 +118,10 @@ impl<B: Backend> CausalLm<B> for QwenVl<B> {
 impl<B: Backend> Vision<B> for QwenVl<B> {
     fn image_token_id(&self) -> u32 {
         self.config.image_token_id
+    }
+
+    fn video_token_id(&self) -> Option<u32> {
+        Some(self.config.video_token_id)
     }
 
     fn embed_images(&self, images: &[ProcessedImage], device: &B::Device) -> Result<Tensor<B, 2>> {

@@ -213,6 +213,7 @@ impl Case {
                             .map(|j| [pos.i[(k * p + j) * 2], pos.i[(k * p + j) * 2 + 1]])
                             .collect(),
                     ),
+                    video: None,
                 });
             }
         }

@@ -149,6 +149,7 @@ pub fn qwen_images(
                 grid: grid.to_vec(),
                 num_tokens: n / 4,
                 patch_positions: None,
+                video: None,
             });
             grids.push(grid);
             row += n;

@@ -1,0 +1,538 @@
+//! `config.json` of Qwen3-VL checkpoints (transformers `Qwen3VLConfig` with its
+//! `Qwen3VLTextConfig` and `Qwen3VLVisionConfig`).
+//!
+//! Two layouts are accepted, which transformers 5.24 loads into the same model:
+//! - transformers 5 (`save_pretrained`): `text_config.rope_parameters = {rope_type, rope_theta,
+//!   mrope_section, mrope_interleaved}`, `vision_config.rope_parameters = {rope_type: "axial",
+//!   rope_theta}`;
+//! - the hub layout (transformers 4.57, the public `Qwen/Qwen3-VL-*` files): the same dict is
+//!   `text_config.rope_scaling` with `rope_theta` beside it in `text_config`, and the vision
+//!   config has no rope settings (theta 10000).
+//!
+//! `head_dim` is an explicit key (it need not be `hidden_size / num_attention_heads`); the vision
+//! config uses Qwen2.5-VL's naming (`hidden_size` = ViT width, `out_hidden_size` = merger output).
+//! Absent optional keys take transformers' defaults. `mrope_interleaved` is not read:
+//! transformers 5.24 always interleaves.
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+
+/// Text decoder settings (`text_config`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    /// Per-head width of q, k and v (explicit; `q_proj` is `[num_heads·head_dim, hidden]`).
+    pub head_dim: usize,
+    /// Biases on q/k/v/o (`attention_bias`, false in the released checkpoints).
+    pub attention_bias: bool,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    /// `mrope_section` `[T, H, W]`: only `H` and `W` are read, as the limits of the interleaved
+    /// layout (see [`super::positions::slot_streams`]).
+    pub mrope_section: [usize; 3],
+    pub max_position_embeddings: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub tie_word_embeddings: bool,
+    pub initializer_range: f64,
+}
+
+/// Activation of the vision blocks' MLP (`vision_config.hidden_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisionAct {
+    /// `gelu_pytorch_tanh` (the released checkpoints): `0.5·z·(1 + tanh(√(2/π)·(z + 0.044715·z³)))`.
+    GeluTanh,
+    /// `gelu`: `0.5·z·(1 + erf(z/√2))`.
+    GeluErf,
+}
+
+/// Vision tower settings (`vision_config`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VisionConfig {
+    pub depth: usize,
+    /// ViT width (`hidden_size`).
+    pub width: usize,
+    pub num_heads: usize,
+    /// Hidden width of the block MLP (`intermediate_size`).
+    pub mlp_hidden: usize,
+    /// Merger output width (`out_hidden_size`, = text hidden size).
+    pub out_width: usize,
+    pub in_channels: usize,
+    pub patch_size: usize,
+    pub temporal_patch_size: usize,
+    pub spatial_merge_size: usize,
+    /// Rows of the learned position-embedding grid (`num_position_embeddings` = side²).
+    pub num_position_embeddings: usize,
+    /// Vision blocks whose outputs feed the DeepStack mergers (0-based, in merger order).
+    pub deepstack_visual_indexes: Vec<usize>,
+    pub hidden_act: VisionAct,
+    /// Base of the 2-D vision RoPE (`rope_parameters.rope_theta`, 10000 when absent).
+    pub rope_theta: f64,
+}
+
+impl VisionConfig {
+    /// Length of one flattened patch: `in_channels · temporal_patch · patch²`.
+    pub fn patch_dim(&self) -> usize {
+        self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+
+    /// Side of the learned position-embedding grid: `√num_position_embeddings`.
+    pub fn pos_grid_side(&self) -> usize {
+        self.num_position_embeddings.isqrt()
+    }
+}
+
+/// A whole Qwen3-VL config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Qwen3VlConfig {
+    pub text: TextConfig,
+    pub vision: VisionConfig,
+    pub image_token_id: u32,
+    pub video_token_id: u32,
+    pub vision_start_token_id: u32,
+    pub vision_end_token_id: u32,
+    /// The parsed config.json, written back unchanged when the model is saved.
+    pub raw: Value,
+}
+
+fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|x| !x.is_null())
+}
+
+fn usize_of(v: &Value, key: &str, what: &str) -> Result<usize> {
+    get(v, key)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .with_context(|| format!("config.json: {what}: missing or non-integer `{key}`"))
+}
+
+fn usize_or(v: &Value, key: &str, what: &str, default: usize) -> Result<usize> {
+    match get(v, key) {
+        None => Ok(default),
+        Some(_) => usize_of(v, key, what),
+    }
+}
+
+fn f64_or(v: &Value, key: &str, what: &str, default: f64) -> Result<f64> {
+    match get(v, key) {
+        None => Ok(default),
+        Some(x) => x
+            .as_f64()
+            .with_context(|| format!("config.json: {what}: `{key}` is not a number")),
+    }
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    match v {
+        Value::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|x| x as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn usize_list(v: &Value, key: &str, what: &str) -> Result<Option<Vec<usize>>> {
+    let Some(list) = get(v, key) else {
+        return Ok(None);
+    };
+    let items = list
+        .as_array()
+        .with_context(|| format!("config.json: {what}: `{key}` is not a list"))?;
+    items
+        .iter()
+        .map(|x| {
+            x.as_u64().map(|x| x as usize).with_context(|| {
+                format!("config.json: {what}: `{key}` holds {x}, not a non-negative integer")
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+impl Qwen3VlConfig {
+    /// Parses a `config.json` text.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let root: Value = serde_json::from_str(text).context("parsing config.json")?;
+        Self::from_value(&root)
+    }
+
+    /// The config.json text (pretty-printed).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(&self.raw).expect("a JSON value serialises")
+    }
+
+    pub fn from_value(root: &Value) -> Result<Self> {
+        match get(root, "model_type").and_then(Value::as_str) {
+            Some("qwen3_vl") => {}
+            other => bail!("config.json: model_type {other:?} is not qwen3_vl"),
+        }
+        let t = get(root, "text_config").context("config.json: no text_config")?;
+        let v = get(root, "vision_config").context("config.json: no vision_config")?;
+        let text = text_config(root, t)?;
+        let vision = vision_config(v)?;
+        let token = |key: &str| -> Result<u32> {
+            get(root, key)
+                .and_then(Value::as_u64)
+                .map(|x| x as u32)
+                .with_context(|| format!("config.json: missing or non-integer `{key}`"))
+        };
+        let config = Self {
+            text,
+            vision,
+            image_token_id: token("image_token_id")?,
+            video_token_id: token("video_token_id")?,
+            vision_start_token_id: token("vision_start_token_id")?,
+            vision_end_token_id: token("vision_end_token_id")?,
+            raw: root.clone(),
+        };
+        check_values(&config)?;
+        Ok(config)
+    }
+}
+
+fn text_config(root: &Value, t: &Value) -> Result<TextConfig> {
+    let what = "text_config";
+    let num_heads = usize_of(t, "num_attention_heads", what)?;
+    // transformers 5: rope_parameters; hub (4.57): rope_scaling, with rope_theta beside it.
+    let rope = get(t, "rope_parameters").or_else(|| get(t, "rope_scaling"));
+    if let Some(kind) = rope.and_then(|r| get(r, "rope_type").or_else(|| get(r, "type"))) {
+        ensure!(
+            kind.as_str() == Some("default"),
+            "config.json: text_config rope_type {kind} is not supported (only \"default\")"
+        );
+    }
+    let rope_theta = match rope.filter(|r| get(r, "rope_theta").is_some()) {
+        Some(r) => f64_or(r, "rope_theta", "text_config rope_parameters", 0.0)?,
+        None => f64_or(t, "rope_theta", what, 5_000_000.0)?,
+    };
+    let section = match rope {
+        Some(r) => usize_list(r, "mrope_section", "text_config rope_parameters")?,
+        None => None,
+    }
+    .unwrap_or_else(|| vec![24, 20, 20]);
+    let mrope_section: [usize; 3] = section.as_slice().try_into().map_err(|_| {
+        anyhow::anyhow!(
+            "config.json: text_config mrope_section {section:?} must have 3 entries (T, H, W)"
+        )
+    })?;
+    if let Some(act) = get(t, "hidden_act") {
+        ensure!(
+            act.as_str() == Some("silu"),
+            "config.json: text_config hidden_act {act} is not supported (only \"silu\")"
+        );
+    }
+    let tie_word_embeddings = get(root, "tie_word_embeddings")
+        .or_else(|| get(t, "tie_word_embeddings"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(TextConfig {
+        vocab_size: usize_of(t, "vocab_size", what)?,
+        hidden_size: usize_of(t, "hidden_size", what)?,
+        intermediate_size: usize_of(t, "intermediate_size", what)?,
+        num_layers: usize_of(t, "num_hidden_layers", what)?,
+        num_heads,
+        num_kv_heads: usize_or(t, "num_key_value_heads", what, num_heads)?,
+        head_dim: usize_or(t, "head_dim", what, 128)?,
+        attention_bias: get(t, "attention_bias")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        rms_norm_eps: f64_or(t, "rms_norm_eps", what, 1e-6)?,
+        rope_theta,
+        mrope_section,
+        max_position_embeddings: usize_or(t, "max_position_embeddings", what, 128_000)?,
+        eos_token_ids: get(t, "eos_token_id")
+            .or_else(|| get(root, "eos_token_id"))
+            .map(ids_of)
+            .unwrap_or_default(),
+        tie_word_embeddings,
+        initializer_range: f64_or(t, "initializer_range", what, 0.02)?,
+    })
+}
+
+fn vision_config(v: &Value) -> Result<VisionConfig> {
+    let what = "vision_config";
+    let hidden_act = match get(v, "hidden_act").and_then(Value::as_str) {
+        None | Some("gelu_pytorch_tanh") => VisionAct::GeluTanh,
+        Some("gelu") => VisionAct::GeluErf,
+        Some(other) => bail!(
+            "config.json: vision_config hidden_act \"{other}\" is not supported (\"gelu_pytorch_tanh\" or \"gelu\")"
+        ),
+    };
+    let rope_theta = match get(v, "rope_parameters") {
+        Some(r) => f64_or(r, "rope_theta", "vision_config rope_parameters", 10000.0)?,
+        None => 10000.0,
+    };
+    Ok(VisionConfig {
+        depth: usize_of(v, "depth", what)?,
+        width: usize_of(v, "hidden_size", what)?,
+        num_heads: usize_of(v, "num_heads", what)?,
+        mlp_hidden: usize_of(v, "intermediate_size", what)?,
+        out_width: usize_of(v, "out_hidden_size", what)?,
+        in_channels: usize_or(v, "in_channels", what, 3)?,
+        patch_size: usize_of(v, "patch_size", what)?,
+        temporal_patch_size: usize_of(v, "temporal_patch_size", what)?,
+        spatial_merge_size: usize_of(v, "spatial_merge_size", what)?,
+        num_position_embeddings: usize_of(v, "num_position_embeddings", what)?,
+        deepstack_visual_indexes: usize_list(v, "deepstack_visual_indexes", what)?
+            .unwrap_or_else(|| vec![8, 16, 24]),
+        hidden_act,
+        rope_theta,
+    })
+}
+
+/// Largest accepted width of a tensor dimension (vocabulary, hidden and MLP sizes, position
+/// grid rows): 2^26 (the same bounds as Qwen2-VL's config).
+const MAX_WIDTH: usize = 1 << 26;
+/// Largest accepted count of layers or heads.
+const MAX_COUNT: usize = 1 << 12;
+/// Largest accepted patch side, temporal patch, merge size or channel count.
+const MAX_PATCH: usize = 1 << 10;
+
+/// Impossible values, each error naming its key: zero sizes and counts, implausibly large sizes,
+/// head counts that do not divide, rotary widths that do not split, a position grid that is not
+/// a square, DeepStack blocks past the depth or repeated, a merger width that is not the text
+/// width, non-positive epsilons and RoPE bases.
+fn check_values(c: &Qwen3VlConfig) -> Result<()> {
+    let (t, v) = (&c.text, &c.vision);
+    let positive = [
+        ("text_config vocab_size", t.vocab_size),
+        ("text_config hidden_size", t.hidden_size),
+        ("text_config intermediate_size", t.intermediate_size),
+        ("text_config num_hidden_layers", t.num_layers),
+        ("text_config num_attention_heads", t.num_heads),
+        ("text_config num_key_value_heads", t.num_kv_heads),
+        ("text_config head_dim", t.head_dim),
+        (
+            "text_config max_position_embeddings",
+            t.max_position_embeddings,
+        ),
+        ("vision_config depth", v.depth),
+        ("vision_config hidden_size", v.width),
+        ("vision_config num_heads", v.num_heads),
+        ("vision_config intermediate_size", v.mlp_hidden),
+        ("vision_config out_hidden_size", v.out_width),
+        ("vision_config in_channels", v.in_channels),
+        ("vision_config patch_size", v.patch_size),
+        ("vision_config temporal_patch_size", v.temporal_patch_size),
+        ("vision_config spatial_merge_size", v.spatial_merge_size),
+        (
+            "vision_config num_position_embeddings",
+            v.num_position_embeddings,
+        ),
+    ];
+    for (key, value) in positive {
+        ensure!(value > 0, "config.json: {key} must be at least 1 (got 0)");
+    }
+    // Upper bounds far above any real checkpoint, so that a mistyped size is an error naming its
+    // key rather than a build that allocates (or loops over) what it claims.
+    let bounded = [
+        ("text_config vocab_size", t.vocab_size, MAX_WIDTH),
+        ("text_config hidden_size", t.hidden_size, MAX_WIDTH),
+        (
+            "text_config intermediate_size",
+            t.intermediate_size,
+            MAX_WIDTH,
+        ),
+        ("text_config head_dim", t.head_dim, MAX_WIDTH),
+        ("text_config num_hidden_layers", t.num_layers, MAX_COUNT),
+        ("text_config num_attention_heads", t.num_heads, MAX_COUNT),
+        ("text_config num_key_value_heads", t.num_kv_heads, MAX_COUNT),
+        (
+            "text_config mrope_section[1]",
+            t.mrope_section[1],
+            MAX_WIDTH,
+        ),
+        (
+            "text_config mrope_section[2]",
+            t.mrope_section[2],
+            MAX_WIDTH,
+        ),
+        ("vision_config depth", v.depth, MAX_COUNT),
+        ("vision_config hidden_size", v.width, MAX_WIDTH),
+        ("vision_config num_heads", v.num_heads, MAX_COUNT),
+        ("vision_config intermediate_size", v.mlp_hidden, MAX_WIDTH),
+        ("vision_config in_channels", v.in_channels, MAX_PATCH),
+        ("vision_config patch_size", v.patch_size, MAX_PATCH),
+        (
+            "vision_config temporal_patch_size",
+            v.temporal_patch_size,
+            MAX_PATCH,
+        ),
+        (
+            "vision_config spatial_merge_size",
+            v.spatial_merge_size,
+            MAX_PATCH,
+        ),
+        (
+            "vision_config num_position_embeddings",
+            v.num_position_embeddings,
+            MAX_WIDTH,
+        ),
+    ];
+    for (key, value, max) in bounded {
+        ensure!(
+            value <= max,
+            "config.json: {key} = {value} is implausibly large (at most {max})"
+        );
+    }
+    ensure!(
+        t.num_heads.is_multiple_of(t.num_kv_heads),
+        "config.json: text_config num_attention_heads {} is not a multiple of num_key_value_heads {}",
+        t.num_heads,
+        t.num_kv_heads
+    );
+    ensure!(
+        t.head_dim.is_multiple_of(2),
+        "config.json: text_config head_dim {} is odd (rotary embeddings rotate pairs)",
+        t.head_dim
+    );
+    ensure!(
+        v.width.is_multiple_of(v.num_heads),
+        "config.json: vision_config hidden_size {} is not a multiple of num_heads {}",
+        v.width,
+        v.num_heads
+    );
+    ensure!(
+        (v.width / v.num_heads).is_multiple_of(4),
+        "config.json: vision_config head width {} (hidden_size / num_heads) is not a multiple of 4 (the 2-D rotary embedding rotates pairs of each of its halves)",
+        v.width / v.num_heads
+    );
+    let side = v.pos_grid_side();
+    ensure!(
+        side * side == v.num_position_embeddings,
+        "config.json: vision_config num_position_embeddings {} is not a square (the learned grid is side × side)",
+        v.num_position_embeddings
+    );
+    ensure!(
+        v.out_width == t.hidden_size,
+        "config.json: vision_config out_hidden_size {} differs from text_config hidden_size {}",
+        v.out_width,
+        t.hidden_size
+    );
+    for (k, &b) in v.deepstack_visual_indexes.iter().enumerate() {
+        ensure!(
+            b < v.depth,
+            "config.json: vision_config deepstack_visual_indexes holds {b}, past the last block ({} blocks)",
+            v.depth
+        );
+        ensure!(
+            !v.deepstack_visual_indexes[..k].contains(&b),
+            "config.json: vision_config deepstack_visual_indexes holds block {b} twice"
+        );
+    }
+    ensure!(
+        t.rms_norm_eps.is_finite() && t.rms_norm_eps > 0.0,
+        "config.json: text_config rms_norm_eps must be a positive number (got {})",
+        t.rms_norm_eps
+    );
+    ensure!(
+        t.rope_theta.is_finite() && t.rope_theta > 0.0,
+        "config.json: text_config rope_theta must be a positive number (got {})",
+        t.rope_theta
+    );
+    ensure!(
+        v.rope_theta.is_finite() && v.rope_theta > 0.0,
+        "config.json: vision_config rope_parameters.rope_theta must be a positive number (got {})",
+        v.rope_theta
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Value {
+        serde_json::json!({
+            "model_type": "qwen3_vl",
+            "image_token_id": 12, "video_token_id": 13,
+            "vision_start_token_id": 10, "vision_end_token_id": 11,
+            "tie_word_embeddings": true,
+            "text_config": {
+                "vocab_size": 20, "hidden_size": 16, "intermediate_size": 24,
+                "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "head_dim": 12, "rms_norm_eps": 1e-6, "eos_token_id": 3,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 100.0,
+                                    "mrope_section": [2, 2, 2], "mrope_interleaved": true}
+            },
+            "vision_config": {
+                "depth": 2, "hidden_size": 8, "num_heads": 2, "intermediate_size": 16,
+                "out_hidden_size": 16, "patch_size": 4, "temporal_patch_size": 2,
+                "spatial_merge_size": 2, "num_position_embeddings": 9,
+                "deepstack_visual_indexes": [0]
+            }
+        })
+    }
+
+    #[test]
+    fn both_layouts_give_the_same_config() {
+        let five = Qwen3VlConfig::from_value(&tiny()).unwrap();
+        let mut hub = tiny();
+        let t = hub["text_config"].as_object_mut().unwrap();
+        let mut rope = t.remove("rope_parameters").unwrap();
+        rope.as_object_mut().unwrap().remove("rope_theta");
+        t.insert("rope_scaling".into(), rope);
+        t.insert("rope_theta".into(), 100.0.into());
+        let hub = Qwen3VlConfig::from_value(&hub).unwrap();
+        assert_eq!(five.text, hub.text);
+        assert_eq!(five.vision, hub.vision);
+        assert_eq!(five.text.head_dim, 12);
+        assert_eq!(five.vision.rope_theta, 10000.0);
+        assert_eq!(five.vision.pos_grid_side(), 3);
+    }
+
+    #[test]
+    fn impossible_values_name_their_key() {
+        let cases: [(&str, &str, Value, &str); 6] = [
+            (
+                "text_config",
+                "num_hidden_layers",
+                (1u64 << 40).into(),
+                "num_hidden_layers = 1099511627776 is implausibly large",
+            ),
+            (
+                "vision_config",
+                "num_position_embeddings",
+                10.into(),
+                "is not a square",
+            ),
+            (
+                "vision_config",
+                "deepstack_visual_indexes",
+                serde_json::json!([2]),
+                "past the last block",
+            ),
+            (
+                "text_config",
+                "num_key_value_heads",
+                3.into(),
+                "num_key_value_heads 3",
+            ),
+            (
+                "vision_config",
+                "out_hidden_size",
+                8.into(),
+                "out_hidden_size 8",
+            ),
+            (
+                "text_config",
+                "head_dim",
+                0.into(),
+                "text_config head_dim must be at least 1",
+            ),
+        ];
+        for (section, key, value, message) in cases {
+            let mut json = tiny();
+            json[section][key] = value;
+            let err = Qwen3VlConfig::from_value(&json).unwrap_err().to_string();
+            assert!(err.contains(message), "{section}.{key}: {err}");
+        }
+    }
+}
