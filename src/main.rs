@@ -2,16 +2,14 @@
 //! (`run`, `validate`, `graph`, `nodes`, `plot`) run with every built-in node kind registered;
 //! `flowrl data` belongs to the datasets crate; `flowrl generate` (one response from a checkpoint,
 //! through the rollout node's code) is [`generate`]; `flowrl export` (a checkpoint's model as a
-//! Hugging Face directory, a LoRA model as a PEFT adapter plus the merged model) is [`export`].
-
-// Linking the nodes crate registers its node and resource kinds (inventory).
-extern crate flowrl_nodes;
+//! Hugging Face directory, a LoRA model as a PEFT adapter plus the merged model) is [`export`];
+//! `flowrl convert verl` (a verl run's configuration as a graph) is [`convert`].
 
 use clap::{Parser, Subcommand};
-use flowrl_engine::Registry;
 use flowrl_engine::cli::{Command, execute};
 use std::process::ExitCode;
 
+mod convert;
 mod export;
 mod generate;
 
@@ -39,18 +37,20 @@ enum Top {
     /// Write a trained model of a run's checkpoint as a Hugging Face directory (for a LoRA
     /// model: the PEFT adapter and the merged model).
     Export(export::ExportArgs),
+    /// Convert another framework's run configuration into a graph (`flowrl convert verl FILE`).
+    #[command(subcommand)]
+    Convert(convert::ConvertCommand),
 }
 
-/// mimalloc keeping freed memory: see `flowrl_nodes::allocator` (25–35 % of an update's time
-/// went to re-faulting freed pages under glibc's malloc).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// mimalloc keeping freed memory: see `flowrl_nodes::allocator` (25–35 % of an update's time
+// went to re-faulting freed pages under glibc's malloc).
+flowrl_nodes::global_allocator!();
 
 fn main() -> ExitCode {
     flowrl_nodes::allocator::keep_freed_memory();
     let cli = Cli::parse();
     match &cli.command {
-        Top::Engine(cmd) => execute(cmd, &Registry::builtin()),
+        Top::Engine(cmd) => execute(cmd, &flowrl_nodes::builtin_registry()),
         Top::Data(cmd) => match flowrl_datasets::cli::run(cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -60,5 +60,6 @@ fn main() -> ExitCode {
         },
         Top::Generate(args) => generate::run(args),
         Top::Export(args) => export::run(args),
+        Top::Convert(cmd) => convert::run(cmd),
     }
 }

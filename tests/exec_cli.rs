@@ -318,3 +318,71 @@ fn grpo_with_the_python_reward_trains_exactly_like_the_same_rule_in_rust() {
         "the tiny warm-started policy earns some reward: {py:?}"
     );
 }
+
+#[test]
+fn a_program_that_answers_twice_or_answers_nan_stops_the_run_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = |answer: &str| {
+        format!(
+            r#"
+import json, sys
+print(json.dumps({{"hello": {{"protocol": 2, "name": "bad", "version": "0",
+    "inputs": [{{"name": "rollouts", "type": "Rollouts"}}],
+    "outputs": [{{"name": "scores", "type": "Scores"}}]}}}}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    n = req["inputs"]["rollouts"]["size"]
+{answer}
+"#
+        )
+    };
+    let twice = "    a = {'step': req['step'], 'outputs': {'scores': {'scores': [0.0] * n}}}\n    \
+                 print(json.dumps(a), flush=True)\n    print(json.dumps(a), flush=True)";
+    let nan = "    print(json.dumps({'step': req['step'], 'outputs': {'scores': {'scores': \
+               [float('nan')] * n}}}), flush=True)";
+    for (name, answer, want) in [
+        ("twice.py", twice, "the program answered step 1 twice"),
+        (
+            "nan.py",
+            nan,
+            "the program answered step 1 with NaN at `outputs.scores.scores[0]`: scores, metrics \
+             and every other number in an answer must be finite",
+        ),
+    ] {
+        let graph = graph_with(dir.path(), name, &program(answer));
+        let run = dir.path().join(format!("run-{name}"));
+        let out = flowrl(&["run", &graph, "--out", run.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let e = text(&out.stderr);
+        assert!(
+            e.contains("node `reward` (kind `exec`) failed at step"),
+            "{e}"
+        );
+        assert!(e.contains(want), "{name}: {e}");
+        assert!(
+            !e.contains("restarting"),
+            "a contract error is not retried: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_protocol_1_program_validates_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"
+import json, sys
+print(json.dumps({"hello": {"protocol": 1, "name": "old", "version": "0",
+    "inputs": [{"name": "rollouts", "type": "Rollouts"}],
+    "outputs": [{"name": "scores", "type": "Scores"}]}}), flush=True)
+for line in sys.stdin:
+    pass
+"#;
+    let graph = graph_with(dir.path(), "old.py", body);
+    let out = flowrl(&["validate", &graph]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("warning[W0502]: exec node `reward`: program `old` speaks protocol 1"),
+        "{e}"
+    );
+}

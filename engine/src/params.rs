@@ -138,34 +138,35 @@ impl ParamSpec {
         self.switch = true;
         self
     }
-    /// Inclusive lower bound.
-    pub fn min(mut self, v: f64) -> Self {
+    /// Inclusive lower bound. Bounds are numbers of any kind that converts to `f64`, for int
+    /// and float parameters alike: `.min(1)`, `.min(0.5)`.
+    pub fn min(mut self, v: impl Into<f64>) -> Self {
         self.min = Some(Bound {
-            value: v,
+            value: v.into(),
             inclusive: true,
         });
         self
     }
     /// Inclusive upper bound.
-    pub fn max(mut self, v: f64) -> Self {
+    pub fn max(mut self, v: impl Into<f64>) -> Self {
         self.max = Some(Bound {
-            value: v,
+            value: v.into(),
             inclusive: true,
         });
         self
     }
-    /// Exclusive lower bound (`gt(0.0)`: strictly positive).
-    pub fn gt(mut self, v: f64) -> Self {
+    /// Exclusive lower bound (`gt(0)`: strictly positive).
+    pub fn gt(mut self, v: impl Into<f64>) -> Self {
         self.min = Some(Bound {
-            value: v,
+            value: v.into(),
             inclusive: false,
         });
         self
     }
     /// Exclusive upper bound.
-    pub fn lt(mut self, v: f64) -> Self {
+    pub fn lt(mut self, v: impl Into<f64>) -> Self {
         self.max = Some(Bound {
-            value: v,
+            value: v.into(),
             inclusive: false,
         });
         self

@@ -1,8 +1,12 @@
 //! The registry of node kinds and resource kinds.
 //!
-//! Built-in kinds register themselves at link time with [`register_node_kind!`] /
-//! [`register_resource_kind!`] (through `inventory`); [`Registry::builtin`] collects them. A library
-//! user builds an engine with extra kinds explicitly: `Registry::builtin().with_kind(MyKind)`.
+//! Kinds register themselves at link time with [`register_node_kind!`] /
+//! [`register_resource_kind!`] (through `inventory`); [`Registry::builtin`] collects them from the
+//! crates linked into the binary. A crate is linked only when the binary uses something of it, so
+//! a binary that wants flowrl's built-in kinds asks for them explicitly:
+//! `flowrl_nodes::register_builtin(&mut registry)` (or `flowrl_nodes::builtin_registry()`), then
+//! adds its own with [`Registry::with_kind`]. The compiler's unknown-section and unknown-kind
+//! diagnostics say so when a registry has no resource kinds at all ([`Registry::lacks_builtin`]).
 
 use crate::node::NodeKind;
 use crate::resource::ResourceKind;
@@ -56,7 +60,8 @@ impl Registry {
         Registry::default()
     }
 
-    /// Every kind registered with the macros in the crates linked into this binary.
+    /// Every kind registered with the macros in the crates linked into this binary (none of
+    /// flowrl's built-in kinds unless the binary uses `flowrl_nodes`: see the module doc).
     pub fn builtin() -> Self {
         let mut r = Registry::new();
         for reg in inventory::iter::<NodeKindRegistration> {
@@ -111,4 +116,17 @@ impl Registry {
     pub fn resource_kinds(&self) -> impl Iterator<Item = &Arc<dyn ResourceKind>> {
         self.resource_kinds.values()
     }
+
+    /// Whether this registry looks like one built without flowrl's built-in kinds: it has no
+    /// resource kind (the built-in `model` kind is one).
+    pub fn lacks_builtin(&self) -> bool {
+        self.resource_kinds.is_empty()
+    }
 }
+
+/// The help of a diagnostic about an unknown section or kind in a registry that
+/// [`Registry::lacks_builtin`].
+pub const NO_BUILTIN_HELP: &str = "no built-in kinds are registered in this binary (it has no \
+    resource kinds, so no `[models.*]` either); a plugin binary gets them with \
+    `flowrl_nodes::plugin_main!(...)` or `flowrl_nodes::register_builtin(&mut registry)` before \
+    adding its own kinds (docs/plugins.md, \"Register\")";

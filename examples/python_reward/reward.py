@@ -70,7 +70,7 @@ def mean(xs):
 
 HELLO = {
     "hello": {
-        "protocol": 1,
+        "protocol": 2,
         "name": NAME,
         "version": VERSION,
         "doc": "Think-then-box reward with an exact-match verifier, in Python.",
@@ -124,6 +124,8 @@ def main():
             answer = handle(request)
         except Exception as e:  # report, keep serving: flowrl decides what a failed step means
             answer = {"error": f"{type(e).__name__}: {e}"}
+        # Protocol 2: every answer echoes the step of its request (flowrl checks it).
+        answer["step"] = request.get("step")
         print(json.dumps(answer), flush=True)
         print(f"[{NAME}] step {request.get('step')}: scored "
               f"{len(answer.get('outputs', {}).get('scores', {}).get('scores', []))} responses",

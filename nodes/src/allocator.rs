@@ -10,11 +10,11 @@
 //! keeps its high-water mark of memory (peak RSS +1.2 GB in that measurement, 6.9 → 8.2 GB),
 //! as PyTorch's caching allocators do on GPUs.
 //!
-//! A binary opts in with two lines (libraries do not choose the allocator of their users):
+//! A binary opts in (libraries do not choose the allocator of their users): a plugin binary's
+//! `flowrl_nodes::plugin_main!` does both steps; a binary with its own `main` writes
 //!
 //! ```ignore
-//! #[global_allocator]
-//! static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+//! flowrl_nodes::global_allocator!();
 //! // first thing in main():
 //! flowrl_nodes::allocator::keep_freed_memory();
 //! ```
@@ -23,6 +23,8 @@
 //! `MIMALLOC_PURGE_DELAY` unless `FLOWRL_ALLOCATOR_PURGE` is set (then the environment wins, e.g.
 //! `MIMALLOC_PURGE_DELAY=1000`, mimalloc's default, to hand memory back after a second at the cost
 //! of the page faults).
+
+pub use mimalloc::MiMalloc;
 
 /// `mi_option_purge_delay` in mimalloc's `mi_option_t` (include/mimalloc.h of mimalloc 2.x and
 /// 3.x, both bundled by libmimalloc-sys 0.1.49: the 16th option, after the four

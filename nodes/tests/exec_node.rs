@@ -57,7 +57,7 @@ fn rollouts(repeat: usize) -> RolloutBatch {
     }
 }
 
-/// `test.rollouts`: emits the fixed batch above every step (each text repeated `repeat` times).
+/// `test.rollouts`: emits the fixed batch above every step (each text repeated `copies` times; `repeat` is an engine key).
 struct FakeRollouts;
 impl NodeKind for FakeRollouts {
     fn name(&self) -> &str {
@@ -73,10 +73,10 @@ impl NodeKind for FakeRollouts {
         vec![PortSpec::new("rollouts", ROLLOUTS)]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![ParamSpec::int("repeat").default(1).min(1.0)]
+        vec![ParamSpec::int("copies").default(1).min(1)]
     }
     fn build(&self, params: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
-        let repeat = params.get_i64("repeat").unwrap_or(1) as usize;
+        let repeat = params.get_i64("copies").unwrap_or(1) as usize;
         Ok(Box::new(FakeRolloutsNode(repeat)))
     }
 }
@@ -119,7 +119,7 @@ impl Node for Collect {
 }
 
 fn registry(collect: &Collect) -> Registry {
-    Registry::builtin()
+    flowrl_nodes::builtin_registry()
         .with_kind(FakeRollouts)
         .with_kind(collect.clone())
 }
@@ -475,7 +475,7 @@ fn a_program_that_stops_reading_cannot_block_a_large_request() {
     let collect = Collect::default();
     let text = graph(&["python3", &prog], "timeout_s = 1").replace(
         "kind = \"test.rollouts\"",
-        "kind = \"test.rollouts\"\nrepeat = 10000",
+        "kind = \"test.rollouts\"\ncopies = 10000",
     );
     let mut s = session(&text, &collect);
     let t = std::time::Instant::now();
@@ -766,7 +766,7 @@ inputs = {{ adv = "adv.advantages", lp = "adv.logp" }}
     };
     let sink = CollectAny::default();
     let registry = || {
-        Registry::builtin()
+        flowrl_nodes::builtin_registry()
             .with_kind(FakeRollouts)
             .with_kind(sink.clone())
     };
@@ -821,5 +821,248 @@ inputs = {{ adv = "adv.advantages", lp = "adv.logp" }}
             "output `advantages` has 2 values in row 0 of advantages, but response 0 has 1 tokens"
         ),
         "{e}"
+    );
+}
+
+/// The handshake of a protocol-2 scorer, and `ones2(req)`: an answer that echoes the step.
+const HELLO2: &str = r#"
+import json, sys, os, time
+print(json.dumps({"hello": {"protocol": 2, "name": "t2", "version": "0",
+    "inputs": [{"name": "rollouts", "type": "Rollouts"}],
+    "outputs": [{"name": "scores", "type": "Scores"}]}}), flush=True)
+def answer(obj):
+    print(json.dumps(obj), flush=True)
+def ones2(req, step=None):
+    n = req["inputs"]["rollouts"]["size"]
+    return {"step": req["step"] if step is None else step, "outputs": {"scores": {"scores": [1.0] * n}}}
+"#;
+
+/// A session on a program: `head` (a handshake and helpers), then a request loop whose body is
+/// `body` (`req` is the parsed request).
+fn session_on(dir: &Path, head: &str, body: &str, extra: &str) -> (Session, Collect) {
+    let src = format!("{head}\nfor line in sys.stdin:\n    req = json.loads(line)\n{body}");
+    let prog = script(dir, "p.py", &src);
+    let collect = Collect::default();
+    (
+        session(&graph(&["python3", &prog], extra), &collect),
+        collect,
+    )
+}
+
+/// Gives the program's stdout reader time to pass on a line written right after an answer.
+fn let_extra_lines_arrive() {
+    std::thread::sleep(std::time::Duration::from_millis(300));
+}
+
+#[test]
+fn a_program_that_answers_twice_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // The second line is found unread before the next request is sent.
+    let twice = "    answer(ones2(req))\n    if req['step'] == 0:\n        answer(ones2(req))\n";
+    let (mut s, collect) = session_on(dir.path(), HELLO2, twice, "restart = \"on-failure\"");
+    step(&mut s, 0).unwrap();
+    let_extra_lines_arrive();
+    let e = format!("{:#}", step(&mut s, 1).unwrap_err());
+    assert!(
+        e.contains("node `reward` (kind `exec`) failed at step 2: exec node `reward` (`python3 ")
+            && e.contains(", request `\"step\": 1`): "),
+        "{e}"
+    );
+    assert!(
+        e.contains(
+            "the program answered step 1 twice (a second line with `\"step\": 0`: \
+             `{\"step\": 0, \"outputs\""
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("it must write exactly one answer line per request"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("restart"),
+        "a protocol error is not retried: {e}"
+    );
+    assert_eq!(collect.0.lock().unwrap().len(), 1, "step 2 applied nothing");
+
+    // A stale answer read as the answer to the next request: its `step` gives it away.
+    let stale = "    answer(ones2(req, step=0))\n";
+    let (mut s, _) = session_on(dir.path(), HELLO2, stale, "");
+    step(&mut s, 0).unwrap();
+    let e = format!("{:#}", step(&mut s, 1).unwrap_err());
+    assert!(
+        e.contains(
+            "the program answered step 1 twice: the answer read for step 2 (`\"step\": 1`) \
+             carries `\"step\": 0`"
+        ),
+        "{e}"
+    );
+
+    // Any other id that is not the request's.
+    let wrong = "    answer(ones2(req, step=req['step'] + 5))\n";
+    let (mut s, _) = session_on(dir.path(), HELLO2, wrong, "");
+    let e = format!("{:#}", step(&mut s, 0).unwrap_err());
+    assert!(
+        e.contains(
+            "the program's answer carries `\"step\": 5`, but the request was `\"step\": 0` \
+             (step 1); each answer must echo its request's `step`"
+        ),
+        "{e}"
+    );
+
+    // Protocol 2 answers carry their step.
+    let no_step = "    answer({'outputs': {'scores': {'scores': [1.0] * 6}}})\n";
+    let (mut s, _) = session_on(dir.path(), HELLO2, no_step, "");
+    let e = format!("{:#}", step(&mut s, 0).unwrap_err());
+    assert!(
+        e.contains("the program's answer to step 1 has no `step`: protocol 2 answers echo"),
+        "{e}"
+    );
+
+    // Protocol 1 answers have no step: an extra line is still caught before the next request.
+    let v1 = "    answer(ones(req))\n    print('done', flush=True)\n";
+    let (mut s, _) = session_on(dir.path(), &format!("{HELLO}\nhello()\n"), v1, "");
+    step(&mut s, 0).unwrap();
+    let_extra_lines_arrive();
+    let e = format!("{:#}", step(&mut s, 1).unwrap_err());
+    assert!(
+        e.contains(
+            "the program wrote an extra line after its answer to step 1 (`\"step\": 0`): `done`"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_nan_answer_is_a_contract_error_that_says_scores_must_be_finite() {
+    let dir = tempfile::tempdir().unwrap();
+    // Python's json.dumps writes `NaN`, which is not JSON.
+    let nan = "    a = ones2(req)\n    a['outputs']['scores']['scores'][2] = float('nan')\n    answer(a)\n";
+    let (mut s, collect) = session_on(dir.path(), HELLO2, nan, "restart = \"on-failure\"");
+    let e = format!("{:#}", step(&mut s, 0).unwrap_err());
+    assert!(
+        e.contains(
+            "the program answered step 1 with NaN at `outputs.scores.scores[2]`: scores, metrics \
+             and every other number in an answer must be finite"
+        ),
+        "{e}"
+    );
+    assert!(
+        !e.contains("not JSON") && !e.contains("logs belong on stderr"),
+        "{e}"
+    );
+    assert!(!e.contains("restart"), "not a crash to restart: {e}");
+    assert!(collect.0.lock().unwrap().is_empty());
+
+    let inf = "    a = ones2(req)\n    a['metrics'] = {'m': float('-inf')}\n    answer(a)\n";
+    let (mut s, _) = session_on(dir.path(), HELLO2, inf, "");
+    let e = format!("{:#}", step(&mut s, 0).unwrap_err());
+    assert!(
+        e.contains("answered step 1 with -Infinity at `metrics.m`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn protocol_1_programs_still_run_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(
+        dir.path(),
+        "v1.py",
+        &format!("{HELLO}\nhello()\nfor line in sys.stdin:\n    answer(ones(json.loads(line)))\n"),
+    );
+    let collect = Collect::default();
+    let text = graph(&["python3", &prog], "");
+    let (_, warnings) = compile(&registry(&collect), "graph.toml", &text, &[]).unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].code.as_str(), "W0502");
+    assert!(
+        warnings[0].message.contains(
+            "program `t` speaks protocol 1, whose answers do not carry the request's `step`"
+        ),
+        "{}",
+        warnings[0].message
+    );
+    assert!(
+        warnings[0]
+            .help
+            .as_deref()
+            .unwrap()
+            .contains("declare \"protocol\": 2")
+    );
+    let mut s = session(&text, &collect);
+    step(&mut s, 0).unwrap();
+    step(&mut s, 1).unwrap();
+    assert_eq!(collect.0.lock().unwrap().len(), 2);
+    // The example speaks protocol 2: no warning.
+    let text = graph(&["python3", &example()], "");
+    let (_, warnings) = compile(&registry(&collect), "graph.toml", &text, &[]).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn a_program_parameter_at_the_top_level_is_pointed_into_params() {
+    let e = check_fails(&graph(&["python3", &example()], "format_score = 0.2"));
+    assert!(
+        e.contains(
+            "`format_score` is a parameter of exec node `reward`'s program, not of the node"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains(
+            "help: program parameters go in the `params` table: `params = { format_score = 0.2 }`"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("1 error found"), "{e}");
+}
+
+#[test]
+fn the_stderr_log_keeps_every_start_up_and_a_failed_retry_names_the_restart() {
+    // Every process logs a line before its handshake and one per request, then exits.
+    let dir = tempfile::tempdir().unwrap();
+    let starts = dir.path().join("starts.log");
+    let body = format!(
+        "import json, os, sys\nLOG = {starts:?}\n\
+         n = open(LOG).read().count('s') if os.path.exists(LOG) else 0\n\
+         open(LOG, 'a').write('s')\n\
+         print(f'booting process {{n}}', file=sys.stderr, flush=True)\n\
+         print(json.dumps({{'hello': {{'protocol': 2, 'name': 't', 'version': '0',\n\
+         \x20   'inputs': [{{'name': 'rollouts', 'type': 'Rollouts'}}],\n\
+         \x20   'outputs': [{{'name': 'scores', 'type': 'Scores'}}]}}}}), flush=True)\n\
+         for line in sys.stdin:\n\
+         \x20   step = json.loads(line)['step']\n\
+         \x20   print(f'process {{n}} got step {{step}}', file=sys.stderr, flush=True)\n\
+         \x20   os._exit(3)\n",
+        starts = starts.display().to_string()
+    );
+    let prog = script(dir.path(), "r.py", &body);
+    let collect = Collect::default();
+    let text = graph(
+        &["python3", &prog],
+        "restart = \"on-failure\"\nmax_restarts = 1",
+    );
+    let (g, _) = compile(&registry(&collect), "graph.toml", &text, &[]).unwrap();
+    let run_dir = dir.path().join("run");
+    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, Some(run_dir.clone())).unwrap();
+    let e = format!("{:#}", step(&mut s, 0).unwrap_err());
+    assert!(
+        e.contains("(all 1 restarts allowed by max_restarts are used)"),
+        "{e}"
+    );
+    assert!(
+        e.contains(
+            "(earlier in this step: the program exited (exit status: 3) while handling step 1; \
+             restarted it (1 of 1 restarts))"
+        ),
+        "the restart warning of the failed step: {e}"
+    );
+    drop(s);
+    let log = std::fs::read_to_string(run_dir.join("exec/reward.stderr.log")).unwrap();
+    assert_eq!(
+        log, "booting process 0\nprocess 0 got step 0\nbooting process 1\nprocess 1 got step 0\n",
+        "the start-up before each handshake included (process 0 started when the graph was \
+         checked)"
     );
 }

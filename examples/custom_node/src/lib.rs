@@ -1,12 +1,18 @@
-//! An example flowrl plugin: two node kinds defined outside the engine.
+//! An example flowrl plugin: node kinds defined outside flowrl's crates.
 //!
+//! - `reward.length_penalty` ([`length_penalty`]) consumes the built-in `Rollouts` port and
+//!   produces `Scores`, so it replaces `reward.geo3k` in `graphs/grpo_vlm.toml`; docs/plugins.md
+//!   ("Consuming built-in ports") shows its file verbatim.
 //! - `walk.gaussian` emits a Gaussian random walk, x_t = x_{t-1} + σ·ε_t with ε_t ~ N(0, 1) drawn
 //!   from the step's deterministic RNG; its position is saved in checkpoints.
 //! - `walk.ema` smooths what it receives with an exponential moving average,
 //!   m_t = α·x_t + (1 − α)·m_{t−1} (m_1 = x_1), reports `walk/x` and `walk/ema` and checks in its
 //!   `validate` hook that α lies in (0, 1] given the upstream σ (a toy constraint with numbers).
 //!
-//! `src/main.rs` builds a `flowrl`-style binary with these kinds; `graph.toml` uses them.
+//! `src/main.rs` builds a `flowrl`-style binary with flowrl's built-in kinds plus these
+//! ([`add_kinds`]); `graph.toml` uses the walk kinds.
+
+pub mod length_penalty;
 
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
@@ -176,7 +182,10 @@ impl Node for EmaNode {
     }
 }
 
-/// The engine's built-in registry plus this crate's kinds, added explicitly.
-pub fn registry() -> Registry {
-    Registry::builtin().with_kind(GaussianWalk).with_kind(Ema)
+/// Adds this crate's kinds to `registry` (the binary passes flowrl's built-in registry).
+pub fn add_kinds(registry: Registry) -> Registry {
+    registry
+        .with_kind(GaussianWalk)
+        .with_kind(Ema)
+        .with_kind(length_penalty::LengthPenaltyKind)
 }

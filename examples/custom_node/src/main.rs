@@ -1,7 +1,5 @@
-//! `flowrl-custom`: the engine's CLI (`run`, `validate`, `graph`, `nodes`, `plot`) with this
-//! crate's node kinds added. Try `cargo run --release -p flowrl-example-custom-node -- run
-//! examples/custom_node/graph.toml`.
+//! `flowrl-custom`: the engine's CLI (`run`, `validate`, `graph`, `nodes`, `plot`) with flowrl's
+//! built-in kinds, this crate's kinds and flowrl's allocator. Try `cargo run --release -p
+//! flowrl-example-custom-node -- run examples/custom_node/graph.toml`.
 
-fn main() -> std::process::ExitCode {
-    flowrl_engine::cli::main_with(flowrl_example_custom_node::registry())
-}
+flowrl_nodes::plugin_main!(flowrl_example_custom_node::add_kinds);

@@ -24,13 +24,20 @@
 //! program that exits, hangs or prints something that is not JSON is a *fault*: its process is
 //! killed and, with `restart = "on-failure"`, a new one is started and the same request sent again
 //! (at most `max_restarts` times over the run); otherwise the step fails with the node's name, what
-//! happened and the tail of the program's stderr. An answer that is valid JSON but breaks the
-//! contract (an `error`, a missing or undeclared output, a wrong batch size) fails the step at once:
-//! the program is alive and would answer the same again. A step is never half-applied: outputs,
-//! metrics and warnings are taken only from a complete, fully checked answer.
+//! happened and the tail of the program's stderr. An answer that breaks the contract fails the step
+//! at once, without a restart (the program is alive and would answer the same again): an `error`,
+//! a missing or undeclared output, a wrong batch size, a non-finite number (`NaN`), and the
+//! protocol errors that would otherwise desynchronize the conversation: a line left unread before
+//! a request (a second answer), or an answer whose `step` is not the request's. A step is never
+//! half-applied: outputs, metrics and warnings are taken only from a complete, fully checked
+//! answer.
+//!
+//! Step numbers: messages count steps from 1 like the progress display; the request's `step` is
+//! 0-based, so run-time errors name both (`request "step": 0` is step 1).
 //!
 //! The program's stderr is kept: its last lines go into error messages, and with a run directory
-//! all of it (from the node's build on) is appended to `<run dir>/exec/<node>.stderr.log`.
+//! all of it, from the program's start (before its handshake) and from every restart, is appended
+//! to `<run dir>/exec/<node>.stderr.log`.
 //!
 //! Metrics: a Scores output is logged like a built-in reward's (`critic/score/*`,
 //! `critic/rewards/*`, `critic/score/<component>/mean`, see `reward_support`); the program's own
@@ -45,8 +52,8 @@ mod wire;
 
 use flowrl_engine::node::NodeTable;
 use flowrl_engine::{
-    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, ParamType, Params,
-    PortSpec, StepContext,
+    BuildContext, Code, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, ParamType, Params,
+    PortSpec, StepContext, ValidateCtx,
 };
 use process::{Fault, Process, seconds};
 use protocol::{Declared, Hello, Request, Response};
@@ -57,12 +64,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wire::OutValue;
 
-pub use protocol::PROTOCOL_VERSION;
+pub use protocol::{OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 /// The kind's name in graphs.
 pub const KIND: &str = "exec";
 
 const DEFAULT_START_TIMEOUT_S: f64 = 30.0;
+
+/// The keys the engine reads in every node table.
+const ENGINE_KEYS: &[&str] = &["kind", "inputs", "device", "timing"];
 
 /// `restart = ...`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -252,6 +262,30 @@ impl NodeKind for Exec {
                 })
                 .collect::<Vec<_>>()
         })?;
+        // A program parameter written at the node's top level instead of inside `params`.
+        let own: Vec<String> = exec_params(None).into_iter().map(|p| p.name).collect();
+        let misplaced: Vec<Diagnostic> = hello
+            .params
+            .iter()
+            .filter(|d| !own.contains(&d.name) && !ENGINE_KEYS.contains(&d.name.as_str()))
+            .filter_map(|d| node.get(&d.name).map(|v| (d, v)))
+            .map(|(d, v)| {
+                node.error(
+                    &d.name,
+                    format!(
+                        "`{}` is a parameter of exec node `{name}`'s program, not of the node",
+                        d.name
+                    ),
+                )
+                .with_help(format!(
+                    "program parameters go in the `params` table: `params = {{ {} = {v} }}`",
+                    d.name
+                ))
+            })
+            .collect();
+        if !misplaced.is_empty() {
+            return Err(misplaced);
+        }
         let summary = if hello.doc.is_empty() {
             format!("External program `{}` {}.", hello.name, hello.version)
         } else {
@@ -305,6 +339,27 @@ impl NodeKind for ExecProgram {
     fn params(&self) -> Vec<ParamSpec> {
         exec_params(Some(&self.declared.params))
     }
+    /// A protocol-1 program still runs, with a warning (W0502) at `command`.
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        if self.hello.protocol >= PROTOCOL_VERSION {
+            return Vec::new();
+        }
+        let msg = format!(
+            "exec node `{}`: program `{}` speaks protocol {}, whose answers do not carry the \
+             request's `step`, so a stale answer cannot always be told from a fresh one",
+            ctx.name(),
+            self.hello.name,
+            self.hello.protocol
+        );
+        vec![
+            Diagnostic::warning(Code::Deprecated, msg)
+                .at(ctx.span_of("command"))
+                .with_help(format!(
+                    "declare \"protocol\": {PROTOCOL_VERSION} in the handshake and echo the \
+                     request's `step` in every answer (docs/exec-protocol.md)"
+                )),
+        ]
+    }
     fn build(&self, params: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
         let p: ExecParams = params.parse()?;
         let process = self
@@ -342,6 +397,7 @@ impl NodeKind for ExecProgram {
             carrier,
             process,
             restarts: 0,
+            answered: None,
         }))
     }
 }
@@ -361,6 +417,8 @@ struct ExecNode {
     carrier: Option<String>,
     process: Option<Process>,
     restarts: u32,
+    /// The `step` of the last request the current process answered (`None` since its start).
+    answered: Option<u64>,
 }
 
 /// Why a call failed.
@@ -372,8 +430,13 @@ enum CallError {
 }
 
 impl ExecNode {
-    fn fail(&self, what: impl std::fmt::Display) -> anyhow::Error {
-        anyhow::anyhow!("exec node `{}` (`{}`): {what}", self.node, self.cmd)
+    /// A run-time error of the request with `step` (0-based, named as on the wire).
+    fn fail(&self, step: u64, what: impl std::fmt::Display) -> anyhow::Error {
+        anyhow::anyhow!(
+            "exec node `{}` (`{}`, request `\"step\": {step}`): {what}",
+            self.node,
+            self.cmd
+        )
     }
 
     /// Starts the program (again) and checks that it declares what was validated.
@@ -394,36 +457,111 @@ impl ExecNode {
                 .map_err(|e| CallError::Fatal(format!("cannot write {}: {e}", path.display())))?;
         }
         self.process = Some(process);
+        self.answered = None;
         Ok(())
     }
 
-    /// Sends one request line and reads one answer line; `step` is 1-based, for messages.
+    /// The protocol error for a line the program wrote that no request asked for.
+    fn unread_line_error(&self, line: &str) -> String {
+        let quoted = protocol::excerpt(line);
+        let Some(prev) = self.answered else {
+            return format!(
+                "the program wrote a second line after its handshake, before any request: \
+                 `{quoted}`; it must write one line per request and nothing else on stdout"
+            );
+        };
+        let same_step = serde_json::from_str::<Json>(line)
+            .ok()
+            .and_then(|j| j.get("step").and_then(Json::as_u64))
+            == Some(prev);
+        if same_step {
+            format!(
+                "the program answered step {} twice (a second line with `\"step\": {prev}`: \
+                 `{quoted}`); it must write exactly one answer line per request",
+                prev + 1
+            )
+        } else {
+            format!(
+                "the program wrote an extra line after its answer to step {} (`\"step\": \
+                 {prev}`): `{quoted}`; it must write exactly one answer line per request (logs \
+                 belong on stderr)",
+                prev + 1
+            )
+        }
+    }
+
+    /// Checks that an answer is the answer to the request of `step` (protocol 2: it echoes the
+    /// request's `step`; protocol 1 answers may omit it).
+    fn check_step(&self, r: &Response, step: u64) -> Result<(), String> {
+        match r.step {
+            Some(s) if s == step => Ok(()),
+            Some(s) if Some(s) == self.answered => Err(format!(
+                "the program answered step {} twice: the answer read for step {} (`\"step\": \
+                 {step}`) carries `\"step\": {s}`; it must write exactly one answer line per \
+                 request",
+                s + 1,
+                step + 1
+            )),
+            Some(s) => Err(format!(
+                "the program's answer carries `\"step\": {s}`, but the request was `\"step\": \
+                 {step}` (step {}); each answer must echo its request's `step`",
+                step + 1
+            )),
+            None if self.hello.protocol < 2 || r.error.is_some() => Ok(()),
+            None => Err(format!(
+                "the program's answer to step {} has no `step`: protocol 2 answers echo the \
+                 request's, e.g. `{{\"step\": {step}, \"outputs\": {{..}}}}`",
+                step + 1
+            )),
+        }
+    }
+
+    /// Sends the request line of `step` (0-based) and reads its one answer line. Before the
+    /// request, no line may be left unread; the answer must be the request's (its `step`).
     fn call(&mut self, line: &str, step: u64) -> Result<Response, CallError> {
         if self.process.is_none() {
             self.restart_process()?;
         }
+        let shown = step + 1;
         let timeout = Duration::from_secs_f64(self.p.timeout_s);
+        if let Some(extra) = self.process.as_mut().expect("started").unread_line() {
+            return Err(CallError::Fatal(self.unread_line_error(&extra)));
+        }
         let proc = self.process.as_mut().expect("started");
         let answer = proc.send(line).and_then(|_| proc.recv(timeout));
         let fault = match answer {
             Ok(answer) => match serde_json::from_str::<Json>(&answer) {
                 Ok(json) => {
-                    return serde_json::from_value::<Response>(json).map_err(|e| {
+                    let r = serde_json::from_value::<Response>(json).map_err(|e| {
                         CallError::Fatal(format!(
-                            "answered step {step} with an invalid response ({e}): `{}`; expected \
-                             `{{\"outputs\": {{..}}, \"metrics\": {{..}}}}` or `{{\"error\": \"..\"}}`",
+                            "the program answered step {shown} with an invalid response ({e}): \
+                             `{}`; expected `{{\"step\": {step}, \"outputs\": {{..}}, \
+                             \"metrics\": {{..}}}}` or `{{\"step\": {step}, \"error\": \"..\"}}`",
                             protocol::excerpt(&answer)
                         ))
-                    });
+                    })?;
+                    self.check_step(&r, step).map_err(CallError::Fatal)?;
+                    self.answered = Some(step);
+                    return Ok(r);
                 }
-                Err(e) => format!(
-                    "answered step {step} with a line that is not JSON ({e}): `{}`; logs belong on \
-                     stderr",
-                    protocol::excerpt(&answer)
-                ),
+                Err(e) => {
+                    if let Some((token, at)) = protocol::non_finite_number(&answer) {
+                        return Err(CallError::Fatal(format!(
+                            "the program answered step {shown} with {token} at `{at}`: scores, \
+                             metrics and every other number in an answer must be finite (JSON \
+                             has no NaN or Infinity; Python's json.dumps writes them for \
+                             float('nan') and float('inf'))"
+                        )));
+                    }
+                    format!(
+                        "answered step {shown} with a line that is not JSON ({e}): `{}`; logs \
+                         belong on stderr",
+                        protocol::excerpt(&answer)
+                    )
+                }
             },
-            Err(Fault::Timeout(t)) => format!("did not answer step {step} within {}", seconds(t)),
-            Err(f) => format!("{f} while handling step {step}"),
+            Err(Fault::Timeout(t)) => format!("did not answer step {shown} within {}", seconds(t)),
+            Err(f) => format!("{f} while handling step {shown}"),
         };
         let mut proc = self.process.take().expect("started");
         proc.kill();
@@ -440,7 +578,7 @@ impl Node for ExecNode {
         let mut sent = BTreeMap::new();
         for (port, value) in inputs.iter() {
             let json =
-                wire::to_json(value).map_err(|e| self.fail(format!("input `{port}` {e}")))?;
+                wire::to_json(value).map_err(|e| self.fail(step, format!("input `{port}` {e}")))?;
             sent.insert(port.to_string(), json);
         }
         let line = serde_json::to_string(&Request {
@@ -448,10 +586,21 @@ impl Node for ExecNode {
             params: &self.params,
             inputs: sent,
         })?;
+        // This step's restarts, for the error when the step fails anyway (its warnings are lost).
+        let mut restarted: Vec<String> = Vec::new();
+        let earlier = |restarted: &[String]| {
+            if restarted.is_empty() {
+                String::new()
+            } else {
+                format!("\n(earlier in this step: {})", restarted.join("; "))
+            }
+        };
         let response = loop {
-            match self.call(&line, step + 1) {
+            match self.call(&line, step) {
                 Ok(r) => break r,
-                Err(CallError::Fatal(e)) => return Err(self.fail(e)),
+                Err(CallError::Fatal(e)) => {
+                    return Err(self.fail(step, format!("{e}{}", earlier(&restarted))));
+                }
                 Err(CallError::Fault(e)) => {
                     let allowed =
                         self.p.restart == Restart::OnFailure && self.restarts < self.p.max_restarts;
@@ -465,21 +614,21 @@ impl Node for ExecNode {
                                 self.p.max_restarts
                             ),
                         };
-                        return Err(self.fail(format!("{e}{hint}")));
+                        return Err(self.fail(step, format!("{e}{hint}{}", earlier(&restarted))));
                     }
                     self.restarts += 1;
+                    let what = e.lines().next().unwrap_or_default();
+                    let n = format!("{} of {} restarts", self.restarts, self.p.max_restarts);
                     ctx.warn(format!(
-                        "exec node `{}`: {}; restarting it ({} of {} restarts)",
-                        self.node,
-                        e.lines().next().unwrap_or_default(),
-                        self.restarts,
-                        self.p.max_restarts
+                        "exec node `{}`: {what}; restarting it ({n})",
+                        self.node
                     ));
+                    restarted.push(format!("{what}; restarted it ({n})"));
                 }
             }
         };
         self.apply(response, inputs, ctx)
-            .map_err(|e| self.fail(format!("step {}: {e}", step + 1)))
+            .map_err(|e| self.fail(step, format!("step {}: {e}", step + 1)))
     }
 }
 

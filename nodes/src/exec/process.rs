@@ -4,7 +4,9 @@
 //! Each pipe has its own thread: requests are written by a writer thread (so a program that stops
 //! reading cannot block flowrl on a full pipe: the read timeout still fires), stdout lines come
 //! through a channel (so that a read can time out), and stderr is drained into a bounded tail (so
-//! that a chatty program never blocks on a full pipe).
+//! that a chatty program never blocks on a full pipe). Every stderr line also goes to the run's log
+//! file once one is attached ([`Process::log_stderr_to`]); the lines written before that (the
+//! program's start-up, before and around its handshake) are kept and written first.
 //! Dropping a [`Process`] closes its stdin, gives it a short grace period to exit on end of input,
 //! then kills it: a program never outlives its node.
 //!
@@ -21,6 +23,8 @@ use std::time::{Duration, Instant};
 
 /// How many lines of stderr are kept for error messages.
 const STDERR_LINES: usize = 20;
+/// At most this many bytes of stderr are kept for the log before a log file is attached.
+const EARLY_STDERR_BYTES: usize = 1 << 20;
 /// How long a program gets to exit by itself after its stdin is closed.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
@@ -60,6 +64,31 @@ pub fn seconds(d: Duration) -> String {
     }
 }
 
+/// The stderr log: the file once attached, and until then the lines written so far.
+#[derive(Default)]
+struct StderrLog {
+    file: Option<std::fs::File>,
+    early: Vec<String>,
+    early_bytes: usize,
+    /// Lines dropped from `early` once it held [`EARLY_STDERR_BYTES`].
+    dropped: usize,
+}
+
+impl StderrLog {
+    fn write(&mut self, line: String) {
+        match &mut self.file {
+            Some(f) => {
+                let _ = writeln!(f, "{line}");
+            }
+            None if self.early_bytes + line.len() <= EARLY_STDERR_BYTES => {
+                self.early_bytes += line.len() + 1;
+                self.early.push(line);
+            }
+            None => self.dropped += 1,
+        }
+    }
+}
+
 /// A running program.
 pub struct Process {
     child: Child,
@@ -67,8 +96,8 @@ pub struct Process {
     stdin: Option<Sender<String>>,
     lines: Receiver<String>,
     stderr: Arc<Mutex<VecDeque<String>>>,
-    /// Where every stderr line is also appended, once set (the run directory's log).
-    stderr_log: Arc<Mutex<Option<std::fs::File>>>,
+    /// Where every stderr line is also appended (the run directory's log).
+    stderr_log: Arc<Mutex<StderrLog>>,
     stderr_thread: Option<JoinHandle<()>>,
 }
 
@@ -109,7 +138,7 @@ impl Process {
         });
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         let tail = stderr.clone();
-        let stderr_log = Arc::new(Mutex::new(None::<std::fs::File>));
+        let stderr_log = Arc::new(Mutex::new(StderrLog::default()));
         let log = stderr_log.clone();
         let stderr_thread = std::thread::spawn(move || {
             let mut reader = BufReader::new(stderr_pipe);
@@ -120,9 +149,9 @@ impl Process {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
                         let line = String::from_utf8_lossy(&buf).trim_end().to_string();
-                        if let Some(f) = log.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                            let _ = writeln!(f, "{line}");
-                        }
+                        log.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .write(line.clone());
                         let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
                         if t.len() == STDERR_LINES {
                             t.pop_front();
@@ -164,6 +193,18 @@ impl Process {
             .ok_or_else(|| Fault::Write("stdin already closed".into()))?
             .send(line.to_string())
             .map_err(|_| Fault::Write("its stdin is closed".into()))
+    }
+
+    /// A stdout line the program has written but nobody has read yet (blank lines skipped):
+    /// between requests there must be none.
+    pub fn unread_line(&mut self) -> Option<String> {
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) if line.trim().is_empty() => continue,
+                Ok(line) => return Some(line),
+                Err(_) => return None,
+            }
+        }
     }
 
     /// The next line of stdout, waiting at most `timeout`. Blank lines are skipped.
@@ -213,16 +254,28 @@ impl Process {
         }
     }
 
-    /// From now on, also appends every stderr line to `path` (its directory is created).
+    /// Appends every stderr line to `path` (its directory is created): first the lines written
+    /// since the program started, then each new one.
     pub fn log_stderr_to(&self, path: &std::path::Path) -> std::io::Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let f = std::fs::OpenOptions::new()
+        let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)?;
-        *self.stderr_log.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        let mut log = self.stderr_log.lock().unwrap_or_else(|e| e.into_inner());
+        for line in log.early.drain(..) {
+            writeln!(f, "{line}")?;
+        }
+        if log.dropped > 0 {
+            writeln!(
+                f,
+                "[flowrl: {} more lines of start-up stderr were not kept]",
+                log.dropped
+            )?;
+        }
+        log.file = Some(f);
         Ok(())
     }
 

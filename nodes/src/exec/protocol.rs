@@ -1,11 +1,15 @@
 //! The messages of the exec-node protocol (docs/exec-protocol.md) and the checks on them.
 //!
 //! One JSON object per line. The program speaks first, with a handshake:
-//! `{"hello": {"protocol": 1, "name", "version", "doc", "inputs": [{"name", "type", "doc",
+//! `{"hello": {"protocol": 2, "name", "version", "doc", "inputs": [{"name", "type", "doc",
 //! "optional"}], "outputs": [...], "params": [{"name", "type", "default", "doc", "required", "min",
 //! "max", "choices"}]}}`. Then, per step, flowrl writes one [`Request`] line and the program
-//! answers one line: `{"outputs": {port: value}, "metrics": {name: number}, "warnings": [..]}` or
-//! `{"error": "message"}`.
+//! answers one line: `{"step": <the request's step>, "outputs": {port: value}, "metrics": {name:
+//! number}, "warnings": [..]}` or `{"step": .., "error": "message"}`.
+//!
+//! Versions: protocol 2 answers echo the request's `step`, so that a stale answer (a second line
+//! written for an earlier request) is caught instead of being taken for the current one. Protocol 1
+//! answers carry no `step`; such programs still run, with a warning ([`OLDEST_PROTOCOL_VERSION`]).
 //!
 //! This module turns the handshake into the engine's [`PortSpec`]s and [`ParamSpec`]s, reporting
 //! every problem at once; the JSON forms of the port values are in `wire`.
@@ -16,8 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u64 = 1;
+/// The protocol version this build speaks (and documents).
+pub const PROTOCOL_VERSION: u64 = 2;
+/// The oldest version still accepted: protocol 1, whose answers carry no `step`.
+pub const OLDEST_PROTOCOL_VERSION: u64 = 1;
 
 /// The first line a program prints.
 #[derive(Debug, Deserialize)]
@@ -99,6 +105,9 @@ pub struct Request<'a> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Response {
+    /// The `step` of the request answered (protocol 2; optional in an `error` answer).
+    #[serde(default)]
+    pub step: Option<u64>,
     #[serde(default)]
     pub outputs: Option<BTreeMap<String, Json>>,
     #[serde(default)]
@@ -118,6 +127,60 @@ pub fn excerpt(line: &str) -> String {
         let cut: String = line.chars().take(MAX).collect();
         format!("{cut}… ({} bytes in all)", line.len())
     }
+}
+
+/// The first bare `NaN`, `Infinity` or `-Infinity` of a line that is not JSON (what Python's
+/// `json.dumps` writes for non-finite floats), with its path in the message:
+/// `("NaN", "outputs.scores.scores[2]")`. `None` when there is none, or when the line is not JSON
+/// for another reason too.
+pub fn non_finite_number(line: &str) -> Option<(String, String)> {
+    const MARK: &str = "\u{1}flowrl-non-finite:";
+    const TOKENS: [&str; 3] = ["-Infinity", "Infinity", "NaN"];
+    let (mut out, mut found) = (String::with_capacity(line.len()), false);
+    let (mut in_string, mut escaped) = (false, false);
+    let mut i = 0;
+    while let Some(c) = line[i..].chars().next() {
+        if in_string {
+            (in_string, escaped) = match c {
+                _ if escaped => (true, false),
+                '\\' => (true, true),
+                '"' => (false, false),
+                _ => (true, false),
+            };
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some(t) = TOKENS.iter().find(|t| line[i..].starts_with(**t)) {
+            out.push_str(&Json::from(format!("{MARK}{t}")).to_string());
+            (i, found) = (i + t.len(), true);
+            continue;
+        }
+        out.push(c);
+        i += c.len_utf8();
+    }
+    fn find(v: &Json, path: String) -> Option<(String, String)> {
+        match v {
+            Json::String(s) => s.strip_prefix(MARK).map(|t| (t.to_string(), path.clone())),
+            Json::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, x)| find(x, format!("{path}[{i}]"))),
+            Json::Object(o) => o.iter().find_map(|(k, x)| {
+                find(
+                    x,
+                    if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    },
+                )
+            }),
+            _ => None,
+        }
+    }
+    if !found {
+        return None;
+    }
+    find(&serde_json::from_str(&out).ok()?, String::new())
 }
 
 /// Parses the handshake line. The error says what was wrong and quotes the line.
@@ -151,9 +214,10 @@ pub struct Declared {
 /// Checks a handshake; every problem is reported (one message each).
 pub fn check_hello(hello: &Hello) -> Result<Declared, Vec<String>> {
     let mut errors = Vec::new();
-    if hello.protocol != PROTOCOL_VERSION {
+    if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&hello.protocol) {
         errors.push(format!(
-            "speaks protocol version {}, this flowrl speaks version {PROTOCOL_VERSION}",
+            "speaks protocol version {}, this flowrl speaks versions \
+             {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}",
             hello.protocol
         ));
     }
@@ -344,7 +408,7 @@ mod tests {
     #[test]
     fn every_problem_of_a_handshake_is_reported() {
         let h = hello(
-            r#"{"hello": {"protocol": 2, "name": "r", "version": "1",
+            r#"{"hello": {"protocol": 3, "name": "r", "version": "1",
                 "inputs": [{"name": "x", "type": "Tensor"}],
                 "outputs": [{"name": "scores", "type": "Scores"}, {"name": "p", "type": "Prompts"}],
                 "params": [{"name": "w", "type": "float", "default": "high"},
@@ -352,7 +416,10 @@ mod tests {
         );
         let errs = check_hello(&h).unwrap_err();
         let all = errs.join("\n");
-        assert!(all.contains("protocol version 2"), "{all}");
+        assert!(
+            all.contains("protocol version 3, this flowrl speaks versions 1 to 2"),
+            "{all}"
+        );
         assert!(
             all.contains("input port `x` of unknown port type `Tensor` (known port types: Prompts, Rollouts, Scores, TokenLogProbs, Advantages)"),
             "{all}"
@@ -374,6 +441,21 @@ mod tests {
             "{all}"
         );
         assert_eq!(errs.len(), 6, "{all}");
+    }
+
+    #[test]
+    fn non_finite_numbers_are_found_outside_strings() {
+        let line = r#"{"step": 0, "note": "NaN \" Infinity", "outputs": {"scores": {"scores": [1.0, NaN]}}}"#;
+        assert_eq!(
+            non_finite_number(line),
+            Some(("NaN".into(), "outputs.scores.scores[1]".into()))
+        );
+        assert_eq!(
+            non_finite_number(r#"{"metrics": {"m": -Infinity}}"#),
+            Some(("-Infinity".into(), "metrics.m".into()))
+        );
+        assert_eq!(non_finite_number(r#"{"x": "NaN"}"#), None);
+        assert_eq!(non_finite_number("debug: NaN"), None, "not JSON anyway");
     }
 
     #[test]
