@@ -16,6 +16,8 @@
 //!   normalisation (`core_algos.agg_loss`);
 //! * [`entropy`]: token entropy and label log-probs from logits or hidden states, chunked
 //!   along the sequence (`torch_functional.entropy_from_logits`, `logprobs_from_logits`);
+//! * [`value_loss`]: PPO's clipped value loss of the critic (`core_algos.compute_value_loss`) and
+//!   the critic's explained variance;
 //! * [`rewards`]: pure-Rust rule-based rewards: the geo3k score (`reward_score.geo3k`) with a
 //!   port of its answer grader, exact match, format only, weighted combinations.
 //!
@@ -33,6 +35,7 @@ pub mod kl;
 pub mod policy_loss;
 pub mod rewards;
 mod tensor_util;
+pub mod value_loss;
 
 pub use advantage::gae::compute_gae_advantage_return;
 pub use advantage::gdpo::{GdpoComponent, compute_gdpo_outcome_advantage};
@@ -61,3 +64,4 @@ pub use policy_loss::{
     PolicyLossInputs, PolicyLossMode, PolicyLossOutput, compute_policy_loss,
 };
 pub use tensor_util::masked_mean;
+pub use value_loss::{ValueLossOutput, compute_value_loss, explained_variance};

@@ -550,7 +550,12 @@ pub fn describe_kind(k: &dyn NodeKind) -> String {
         } else {
             ""
         };
-        let _ = writeln!(s, "  {name} : {}{opt}{}", p.ty, dash(&p.doc));
+        let repeated = if p.repeated {
+            ", repeated (from the nodes in `repeat`)"
+        } else {
+            ""
+        };
+        let _ = writeln!(s, "  {name} : {}{opt}{repeated}{}", p.ty, dash(&p.doc));
     }
     s.push_str("\nOutputs:\n");
     let outputs = k.outputs();
@@ -558,7 +563,12 @@ pub fn describe_kind(k: &dyn NodeKind) -> String {
         s.push_str("  (none)\n");
     }
     for p in outputs {
-        let _ = writeln!(s, "  {} : {}{}", p.name, p.ty, dash(&p.doc));
+        let argument = if p.argument {
+            ", argument (handed to the nodes in `repeat`)"
+        } else {
+            ""
+        };
+        let _ = writeln!(s, "  {} : {}{argument}{}", p.name, p.ty, dash(&p.doc));
     }
     s.push_str("\nParameters:\n");
     let params = k.params();
@@ -571,7 +581,12 @@ pub fn describe_kind(k: &dyn NodeKind) -> String {
     } else {
         "\nPlacement: once per process, on the run's first device (or its `device`)\n"
     });
-    s.push_str("\nEngine keys: kind, inputs = { port = \"node.port\" }, device, timing\n");
+    s.push_str("\nEngine keys: kind, inputs = { port = \"node.port\" }, device, timing");
+    s.push_str(if k.inputs().iter().any(|p| p.repeated) {
+        ", repeat = [\"node\", ...]\n"
+    } else {
+        "\n"
+    });
     s
 }
 

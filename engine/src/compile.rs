@@ -24,7 +24,7 @@ use crate::graph::{Edge, Graph, GraphNode, GraphResource, RunConfig, SpanIndex};
 use crate::node::{NodeKind, NodeTable, Subject, ValidateCtx};
 use crate::params::{ParamSpec, ParamType, Params};
 use crate::port::PortSpec;
-use crate::registry::Registry;
+use crate::registry::{NO_BUILTIN_HELP, Registry};
 use crate::resource::ResourceKind;
 use crate::spec::{self, SEntry, SKind, STable, SValue, with_article};
 use petgraph::graph::DiGraph;
@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Keys of a node table that belong to the engine, not to the kind's parameters.
-pub const NODE_KEYS: &[&str] = &["kind", "inputs", "device", "timing"];
+pub const NODE_KEYS: &[&str] = &["kind", "inputs", "device", "timing", "repeat"];
 
 /// A failed compilation: the diagnostics (errors and warnings) and the sources they point into.
 #[derive(Debug)]
@@ -212,8 +212,9 @@ pub fn compile_for(
     let resource_deps = c.check_resource_refs(&resources, &nodes);
     // Stage 5: wiring.
     let edges = c.check_wiring(&nodes);
-    // Stage 6: cycles.
-    let order = c.check_cycles(&nodes, &edges);
+    // Stage 6: repeats and cycles.
+    let repeated_by = c.check_repeats(&nodes, &edges);
+    let order = c.check_cycles(&nodes, &edges, &repeated_by);
 
     if c.diags.iter().any(Diagnostic::is_error) {
         return fail(c.diags, sources);
@@ -231,23 +232,36 @@ pub fn compile_for(
     let mut dag = DiGraph::new();
     let idx: Vec<_> = (0..nodes.len()).map(|i| dag.add_node(i)).collect();
     for (to, es) in edges.iter().enumerate() {
-        for e in es {
+        // A loop node's arguments to its repeated nodes are calls, not edges of the step's DAG.
+        for e in es.iter().filter(|e| repeated_by[to] != Some(e.from)) {
             dag.add_edge(idx[e.from], idx[to], ());
         }
     }
+    let repeats: Vec<Vec<usize>> = (0..nodes.len())
+        .map(|l| {
+            order
+                .iter()
+                .copied()
+                .filter(|&r| repeated_by[r] == Some(l))
+                .collect()
+        })
+        .collect();
     let graph = Graph {
         run: run.expect("run section checked"),
         nodes: nodes
             .into_iter()
             .zip(edges)
             .zip(node_devices)
-            .map(|((n, inputs), device)| GraphNode {
+            .zip(repeats.into_iter().zip(repeated_by))
+            .map(|(((n, inputs), device), (repeat, repeated_by))| GraphNode {
                 name: n.name,
                 kind: n.kind.expect("kinds resolved"),
                 params: n.params,
                 inputs,
                 device,
                 timing_key: n.timing_key,
+                repeat,
+                repeated_by,
                 spans: n.spans,
             })
             .collect(),
@@ -311,6 +325,8 @@ struct NodeDraft<'d> {
     /// `device = "..."` as written, with its value's span.
     device: Option<(DeviceRequest, Span)>,
     timing_key: String,
+    /// `repeat = [...]` as written: node names with their spans.
+    repeat: Vec<(String, Span)>,
     spans: SpanIndex,
     /// Resource references: (param path, resource kind, name, span).
     refs: Vec<ResourceRef>,
@@ -383,6 +399,7 @@ impl Compiler<'_> {
                 Diagnostic::error(Code::UnknownSection, format!("unknown section `{}`", e.key))
                     .at(e.key_span);
             d = match did_you_mean(&e.key, known.iter().map(String::as_str)) {
+                _ if self.registry.lacks_builtin() => d.with_help(NO_BUILTIN_HELP),
                 Some(h) => d.with_help(h),
                 None => d.with_help(format!("sections are: {}", known.join(", "))),
             };
@@ -760,10 +777,14 @@ impl Compiler<'_> {
                             None => {
                                 let names: Vec<&str> =
                                     self.registry.kinds().map(|k| k.name()).collect();
-                                let help = did_you_mean(name, names.iter().copied())
-                                    .unwrap_or_else(|| {
-                                        "`flowrl nodes` lists the registered kinds".into()
-                                    });
+                                let help = match did_you_mean(name, names.iter().copied()) {
+                                    _ if self.registry.lacks_builtin() => NO_BUILTIN_HELP.into(),
+                                    Some(h) => h,
+                                    None => "`flowrl nodes` lists the kinds registered in this \
+                                             binary; a kind defined in a plugin crate runs with \
+                                             that plugin's binary (docs/plugins.md)"
+                                        .into(),
+                                };
                                 self.diags.push(
                                     Diagnostic::error(
                                         Code::UnknownKind,
@@ -838,6 +859,29 @@ impl Compiler<'_> {
                     .and_then(|k| k.timing_key().map(str::to_string))
                     .unwrap_or_else(|| e.key.clone()),
             };
+            let mut repeat = Vec::new();
+            if let Some(r) = t.get("repeat") {
+                spans.keys.insert("repeat".into(), r.key_span);
+                spans.values.insert("repeat".into(), r.value.span);
+                match &r.value.kind {
+                    SKind::Array(items) => {
+                        for item in items {
+                            match item.as_str() {
+                                Some(name) => repeat.push((name.to_string(), item.span)),
+                                None => {
+                                    self.diags
+                                        .push(wrong_type(item, &ParamType::String, "repeat"))
+                                }
+                            }
+                        }
+                    }
+                    _ => self.diags.push(
+                        Diagnostic::error(Code::WrongType, "`repeat` must be a list of node names")
+                            .at(r.value.span)
+                            .with_help("e.g. `repeat = [\"data\", \"rollout\", \"reward\"]`"),
+                    ),
+                }
+            }
             let inputs = t.get("inputs");
             if let Some(i) = inputs {
                 spans.keys.insert("inputs".into(), i.key_span);
@@ -889,10 +933,32 @@ impl Compiler<'_> {
             let params = match &kind {
                 Some(kind) => {
                     let desc = format!("{what} (kind `{}`)", kind.name());
+                    // `repeat` is an engine key of loop kinds only (check_repeats explains it
+                    // on the others).
+                    let takes_repeat = kind.inputs().iter().any(|p| p.repeated);
+                    let reserved: Vec<&str> = NODE_KEYS
+                        .iter()
+                        .copied()
+                        .filter(|k| *k != "repeat" || takes_repeat)
+                        .collect();
+                    let without_repeat;
+                    let t = if takes_repeat || t.get("repeat").is_none() {
+                        t
+                    } else {
+                        without_repeat = STable {
+                            entries: t
+                                .entries
+                                .iter()
+                                .filter(|e| e.key != "repeat")
+                                .cloned()
+                                .collect(),
+                        };
+                        &without_repeat
+                    };
                     check_params(
                         t,
                         &kind.params(),
-                        NODE_KEYS,
+                        &reserved,
                         &desc,
                         "",
                         &mut spans,
@@ -909,6 +975,7 @@ impl Compiler<'_> {
                 inputs,
                 device,
                 timing_key,
+                repeat,
                 spans,
                 refs,
             });
@@ -1228,8 +1295,255 @@ impl Compiler<'_> {
         })
     }
 
+    /// The `repeat` lists (rules in [`crate::repeat`]): for each node, the loop node that repeats
+    /// it.
+    fn check_repeats(
+        &mut self,
+        nodes: &[NodeDraft<'_>],
+        edges: &[Vec<Edge>],
+    ) -> Vec<Option<usize>> {
+        let mut by: Vec<Option<usize>> = vec![None; nodes.len()];
+        let bad =
+            |message: String, span: Span| Diagnostic::error(Code::BadRepeat, message).at(span);
+        for (l, node) in nodes.iter().enumerate() {
+            let Some(kind) = node.kind.as_ref().filter(|_| !node.repeat.is_empty()) else {
+                continue;
+            };
+            if !kind.inputs().iter().any(|s| s.repeated) {
+                self.diags.push(
+                    bad(
+                        format!(
+                            "node `{}` (kind `{}`) cannot repeat nodes: its kind has no repeated input",
+                            node.name,
+                            kind.name()
+                        ),
+                        node.spans.value_span("repeat"),
+                    )
+                    .with_help(
+                        "`repeat` belongs to kinds that run other nodes on demand within a step \
+                         (`flowrl nodes` shows their inputs marked `repeated`)",
+                    ),
+                );
+                continue;
+            }
+            for (name, span) in &node.repeat {
+                let Some(r) = nodes.iter().position(|m| m.name == *name) else {
+                    let help = did_you_mean(name, nodes.iter().map(|m| m.name.as_str()))
+                        .unwrap_or_else(|| "`repeat` lists nodes of this graph".into());
+                    self.diags.push(
+                        Diagnostic::error(
+                            Code::UnknownNode,
+                            format!("node `{}` repeats unknown node `{name}`", node.name),
+                        )
+                        .at(*span)
+                        .with_help(help),
+                    );
+                    continue;
+                };
+                match by[r] {
+                    _ if r == l => self
+                        .diags
+                        .push(bad(format!("node `{name}` cannot repeat itself"), *span)),
+                    Some(other) if other == l => self
+                        .diags
+                        .push(bad(format!("`{name}` is listed twice in `repeat`"), *span)),
+                    Some(other) => self.diags.push(bad(
+                        format!(
+                            "`{name}` is already repeated by `{}`; a node is repeated by at most one node",
+                            nodes[other].name
+                        ),
+                        *span,
+                    )),
+                    None if !nodes[r].repeat.is_empty() => self.diags.push(bad(
+                        format!("`{name}` repeats nodes itself; repeats do not nest"),
+                        *span,
+                    )),
+                    None => by[r] = Some(l),
+                }
+            }
+        }
+        for (l, node) in nodes.iter().enumerate() {
+            let Some(kind) = &node.kind else { continue };
+            let (ins, outs) = (kind.inputs(), kind.outputs());
+            let members: Vec<usize> = (0..nodes.len()).filter(|&r| by[r] == Some(l)).collect();
+            let input_span =
+                |to: usize, e: &Edge| nodes[to].spans.value_span(&format!("inputs.{}", e.port));
+            // The loop node's inputs: repeated ones from its members, the others from outside.
+            for e in &edges[l] {
+                let repeated = ins.iter().any(|s| s.name == e.port && s.repeated);
+                let member = by[e.from] == Some(l);
+                if repeated && !member {
+                    self.diags.push(
+                        bad(
+                            format!(
+                                "`{}.{}` takes a new value from each run of the nodes `{}` repeats, \
+                                 but `{}` is not in its `repeat` list",
+                                node.name, e.port, node.name, nodes[e.from].name
+                            ),
+                            input_span(l, e),
+                        )
+                        .with_help(format!(
+                            "add `{}` (and the nodes it needs) to `{}`'s `repeat`",
+                            nodes[e.from].name, node.name
+                        )),
+                    );
+                } else if !repeated && member {
+                    self.diags.push(bad(
+                        format!(
+                            "`{}.{}` is read once per step, but `{}` is a node `{}` repeats; only \
+                             its repeated inputs ({}) may come from those",
+                            node.name,
+                            e.port,
+                            nodes[e.from].name,
+                            node.name,
+                            ins.iter()
+                                .filter(|s| s.repeated)
+                                .map(|s| s.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        input_span(l, e),
+                    ));
+                }
+            }
+            // Arguments go to members only; members read no other output of the loop node.
+            for (to, es) in edges.iter().enumerate() {
+                for e in es.iter().filter(|e| e.from == l) {
+                    let argument = outs.iter().any(|s| s.name == e.from_port && s.argument);
+                    if argument && by[to] != Some(l) {
+                        self.diags.push(bad(
+                            format!(
+                                "`{}.{}` is handed only to the nodes `{}` repeats, and `{}` is not one of them",
+                                node.name, e.from_port, node.name, nodes[to].name
+                            ),
+                            input_span(to, e),
+                        ));
+                    } else if !argument && by[to] == Some(l) {
+                        self.diags.push(bad(
+                            format!(
+                                "`{}` is repeated by `{}` and reads `{}.{}`, which exists only after `{}` has finished",
+                                nodes[to].name, node.name, node.name, e.from_port, node.name
+                            ),
+                            input_span(to, e),
+                        ));
+                    }
+                }
+            }
+            if members.is_empty() {
+                continue;
+            }
+            // Which members (and which of their outputs) lead into the loop node.
+            let mut on_path: Vec<(usize, String)> = edges[l]
+                .iter()
+                .filter(|e| by[e.from] == Some(l))
+                .map(|e| (e.from, e.from_port.clone()))
+                .collect();
+            let mut grew = true;
+            while grew {
+                grew = false;
+                for &m in &members {
+                    if !on_path.iter().any(|(n, _)| *n == m) {
+                        continue;
+                    }
+                    for e in edges[m].iter().filter(|e| by[e.from] == Some(l)) {
+                        let key = (e.from, e.from_port.clone());
+                        if !on_path.contains(&key) {
+                            on_path.push(key);
+                            grew = true;
+                        }
+                    }
+                }
+            }
+            for &m in &members {
+                if !on_path.iter().any(|(n, _)| *n == m) {
+                    let span = node
+                        .repeat
+                        .iter()
+                        .find(|(name, _)| *name == nodes[m].name)
+                        .map_or(node.spans.value_span("repeat"), |(_, s)| *s);
+                    self.diags.push(bad(
+                        format!(
+                            "`repeat` lists `{}`, which feeds none of `{}`'s repeated inputs",
+                            nodes[m].name, node.name
+                        ),
+                        span,
+                    ));
+                }
+            }
+            let loop_outputs: Vec<String> = outs
+                .iter()
+                .filter(|s| !s.argument)
+                .map(|s| format!("`{}.{}`", node.name, s.name))
+                .collect();
+            for (to, es) in edges.iter().enumerate() {
+                if to == l || by[to] == Some(l) {
+                    continue;
+                }
+                for e in es {
+                    if by[e.from] == Some(l) && on_path.contains(&(e.from, e.from_port.clone())) {
+                        let help = if loop_outputs.is_empty() {
+                            format!("`{}` has no outputs to read instead", node.name)
+                        } else {
+                            format!(
+                                "read it through `{}`: {}",
+                                node.name,
+                                loop_outputs.join(", ")
+                            )
+                        };
+                        self.diags.push(
+                            bad(
+                                format!(
+                                    "`{}.{}` reads `{}.{}`, which `{}` repeats on its way into \
+                                     `{}`; it would see only the last run",
+                                    nodes[to].name,
+                                    e.port,
+                                    nodes[e.from].name,
+                                    e.from_port,
+                                    node.name,
+                                    node.name
+                                ),
+                                input_span(to, e),
+                            )
+                            .with_help(help),
+                        );
+                    }
+                }
+            }
+        }
+        by
+    }
+
     /// Returns a topological order, or `None` (with diagnostics) when there is a cycle.
-    fn check_cycles(&mut self, nodes: &[NodeDraft<'_>], edges: &[Vec<Edge>]) -> Option<Vec<usize>> {
+    fn check_cycles(
+        &mut self,
+        nodes: &[NodeDraft<'_>],
+        edges: &[Vec<Edge>],
+        repeated_by: &[Option<usize>],
+    ) -> Option<Vec<usize>> {
+        // The order follows the step's dependencies (a repeated node's value exists once its
+        // loop node is done); a loop node's arguments to its repeated nodes are no edge.
+        let deps = crate::repeat::dependencies(edges, repeated_by);
+        let mut g = DiGraph::<usize, ()>::new();
+        let ix: Vec<_> = (0..nodes.len()).map(|i| g.add_node(i)).collect();
+        for (to, d) in deps.iter().enumerate() {
+            for &from in d {
+                g.add_edge(ix[from], ix[to], ());
+            }
+        }
+        if let Ok(order) = petgraph::algo::toposort(&g, None) {
+            return Some(order.into_iter().map(|i| g[i]).collect());
+        }
+        let edges: Vec<Vec<Edge>> = edges
+            .iter()
+            .enumerate()
+            .map(|(to, es)| {
+                es.iter()
+                    .filter(|e| repeated_by[to] != Some(e.from))
+                    .cloned()
+                    .collect()
+            })
+            .collect();
+        let edges = &edges[..];
         let mut g = DiGraph::<usize, ()>::new();
         let ix: Vec<_> = (0..nodes.len()).map(|i| g.add_node(i)).collect();
         for (to, es) in edges.iter().enumerate() {
@@ -1237,9 +1551,7 @@ impl Compiler<'_> {
                 g.add_edge(ix[e.from], ix[to], ());
             }
         }
-        if let Ok(order) = petgraph::algo::toposort(&g, None) {
-            return Some(order.into_iter().map(|i| g[i]).collect());
-        }
+        let mut reported = false;
         for scc in petgraph::algo::tarjan_scc(&g) {
             let members: Vec<usize> = scc.iter().map(|&i| g[i]).collect();
             let self_loop =
@@ -1277,6 +1589,22 @@ impl Compiler<'_> {
                 "one step of a graph must be acyclic; state carried from one step to the next \
                  belongs in a node's state or a resource",
             ));
+            reported = true;
+        }
+        if !reported {
+            // The edges are acyclic; the cycle goes through a loop node's repeat.
+            self.diags.push(
+                Diagnostic::error(
+                    Code::Cycle,
+                    "cycle in the graph through a `repeat`: a repeated node's values exist only \
+                     once its loop node has finished, so nothing its loop node waits for may read \
+                     them",
+                )
+                .at(nodes
+                    .iter()
+                    .find(|n| !n.repeat.is_empty())
+                    .map_or(Span::default(), |n| n.spans.value_span("repeat"))),
+            );
         }
         None
     }

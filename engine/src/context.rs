@@ -72,6 +72,8 @@ pub struct StepContext {
     pub(crate) rng: Option<StdRng>,
     pub(crate) metrics: Vec<(String, f64)>,
     pub(crate) warnings: Vec<String>,
+    /// The nodes this node repeats (its `repeat` list), when it has any.
+    pub(crate) repeat: Option<crate::repeat::Repeat>,
 }
 
 impl StepContext {
@@ -95,6 +97,7 @@ impl StepContext {
             rng: None,
             metrics: Vec::new(),
             warnings: Vec::new(),
+            repeat: None,
         }
     }
 
@@ -146,6 +149,20 @@ impl StepContext {
     /// Logs a warning (shown on the console and kept in the run log).
     pub fn warn(&mut self, message: impl Into<String>) {
         self.warnings.push(message.into());
+    }
+
+    /// The nodes this node repeats within the step (its `repeat` list; see [`crate::Repeat`]).
+    /// An error when the graph gives it none.
+    pub fn repeat(&mut self) -> anyhow::Result<&mut crate::Repeat> {
+        let node = &self.node;
+        self.repeat.as_mut().ok_or_else(|| {
+            anyhow::anyhow!("node `{node}` repeats no nodes: its graph table has no `repeat` list")
+        })
+    }
+
+    /// Whether the graph gives this node nodes to repeat.
+    pub fn has_repeat(&self) -> bool {
+        self.repeat.is_some()
     }
 
     pub fn metrics(&self) -> &[(String, f64)] {

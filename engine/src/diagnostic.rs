@@ -113,6 +113,8 @@ pub enum Code {
     BadWiring,
     /// One step of the graph must be acyclic.
     Cycle,
+    /// A `repeat` list that does not fit the graph (see `flowrl_engine::repeat`).
+    BadRepeat,
     /// A constraint declared by a node or resource kind (`validate` hooks).
     Constraint,
     /// A `--set` argument that cannot be applied.
@@ -128,6 +130,9 @@ pub enum Code {
     /// A warning: a parameter set in the graph that the node's configuration ignores (e.g. an
     /// option the chosen loss does not read).
     IgnoredParam,
+    /// A warning: a deprecated form that still works (e.g. an exec program speaking an older
+    /// protocol version).
+    Deprecated,
 }
 
 impl Code {
@@ -150,6 +155,7 @@ impl Code {
             Code::MissingInput => "E0305",
             Code::BadWiring => "E0306",
             Code::Cycle => "E0401",
+            Code::BadRepeat => "E0402",
             Code::Constraint => "E0501",
             Code::BadOverride => "E0601",
             Code::DeviceUnavailable => "E0701",
@@ -157,6 +163,7 @@ impl Code {
             Code::BadDeviceList => "E0703",
             Code::DeviceConflict => "E0704",
             Code::IgnoredParam => "W0501",
+            Code::Deprecated => "W0502",
         }
     }
 
@@ -180,6 +187,10 @@ impl Code {
             (Code::BadWiring, "input not of the form \"node.port\""),
             (Code::Cycle, "cycle in one step of the graph"),
             (
+                Code::BadRepeat,
+                "a `repeat` list that does not fit the graph",
+            ),
+            (
                 Code::Constraint,
                 "constraint of a node or resource kind violated",
             ),
@@ -200,6 +211,10 @@ impl Code {
             (
                 Code::IgnoredParam,
                 "a parameter the node's configuration ignores (warning)",
+            ),
+            (
+                Code::Deprecated,
+                "a deprecated form that still works (warning)",
             ),
         ]
     }

@@ -61,6 +61,11 @@ pub struct GraphNode {
     pub device: Option<DeviceSpec>,
     /// `timing_s/<timing_key>` in the metrics.
     pub timing_key: String,
+    /// The nodes this node runs on demand within a step (`repeat = [...]`, see
+    /// [`crate::repeat`]), in a topological order.
+    pub repeat: Vec<NodeId>,
+    /// The loop node that repeats this node, if any (the scheduler then never dispatches it).
+    pub repeated_by: Option<NodeId>,
     pub spans: SpanIndex,
 }
 
@@ -129,6 +134,13 @@ pub struct Graph {
 impl Graph {
     pub fn node_id(&self, name: &str) -> Option<NodeId> {
         self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// The nodes each node waits for in a step (see [`crate::repeat`]'s rules).
+    pub fn dependencies(&self) -> Vec<Vec<NodeId>> {
+        let edges: Vec<Vec<Edge>> = self.nodes.iter().map(|n| n.inputs.clone()).collect();
+        let by: Vec<Option<NodeId>> = self.nodes.iter().map(|n| n.repeated_by).collect();
+        crate::repeat::dependencies(&edges, &by)
     }
 
     /// Node `id`'s devices in this process (see [`GraphNode::devices`]).

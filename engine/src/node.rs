@@ -258,6 +258,27 @@ impl<'a> NodeView<'a> {
     pub fn params(&self) -> &'a Params {
         &self.graph.nodes[self.id].params
     }
+    /// The nodes this node repeats (its `repeat` list, see [`crate::Repeat`]), in the graph's
+    /// order.
+    pub fn repeats(&self) -> Vec<NodeView<'a>> {
+        self.graph.nodes[self.id]
+            .repeat
+            .iter()
+            .map(|&id| NodeView {
+                graph: self.graph,
+                id,
+            })
+            .collect()
+    }
+    /// The types of this node's output ports.
+    pub fn output_types(&self) -> Vec<crate::PortType> {
+        self.graph.nodes[self.id]
+            .kind
+            .outputs()
+            .iter()
+            .map(|o| o.ty)
+            .collect()
+    }
     /// The node wired to this node's input `port`.
     pub fn input(&self, port: &str) -> Option<NodeView<'a>> {
         let e = self.graph.nodes[self.id]

@@ -45,6 +45,12 @@ pub struct PortSpec {
     /// Inputs only: this spec matches any port name not declared otherwise (e.g. a sink that
     /// records whatever it is given: `inputs = { scores = "reward.scores", adv = "adv.advantages" }`).
     pub variadic: bool,
+    /// Inputs only: the value comes from the nodes this node repeats (its `repeat` list), anew at
+    /// each [`crate::Repeat::run`] the node makes within one step (see [`crate::Repeat`]).
+    pub repeated: bool,
+    /// Outputs only: handed to the nodes this node repeats at each [`crate::Repeat::run`] (a call
+    /// argument), never emitted at the end of the step; only those nodes may take it.
+    pub argument: bool,
 }
 
 impl PortSpec {
@@ -55,6 +61,8 @@ impl PortSpec {
             doc: String::new(),
             optional: false,
             variadic: false,
+            repeated: false,
+            argument: false,
         }
     }
 
@@ -66,6 +74,8 @@ impl PortSpec {
             doc: String::new(),
             optional: true,
             variadic: true,
+            repeated: false,
+            argument: false,
         }
     }
 
@@ -76,6 +86,18 @@ impl PortSpec {
 
     pub fn optional(mut self) -> Self {
         self.optional = true;
+        self
+    }
+
+    /// See [`PortSpec::repeated`] (an input whose producer this node runs on demand).
+    pub fn repeated(mut self) -> Self {
+        self.repeated = true;
+        self
+    }
+
+    /// See [`PortSpec::argument`] (an output handed to the nodes this node repeats).
+    pub fn argument(mut self) -> Self {
+        self.argument = true;
         self
     }
 }

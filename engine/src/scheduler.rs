@@ -55,18 +55,7 @@ impl WorkerPool {
                     .spawn(move || {
                         for mut t in rx {
                             let start = Instant::now();
-                            let result =
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    t.node.run(&t.inputs, &mut t.ctx)
-                                }))
-                                .unwrap_or_else(|p| {
-                                    let msg = p
-                                        .downcast_ref::<String>()
-                                        .cloned()
-                                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                        .unwrap_or_else(|| "unknown panic".into());
-                                    Err(panic_error(&msg, t.ctx.device()))
-                                });
+                            let result = run_caught(&mut t.node, &t.inputs, &mut t.ctx);
                             let done = Done {
                                 id: t.id,
                                 node: t.node,
@@ -90,10 +79,27 @@ impl WorkerPool {
     }
 }
 
+/// `node.run(inputs, ctx)`, with a panic turned into the node's error ([`panic_error`]).
+pub(crate) fn run_caught(
+    node: &mut Box<dyn Node>,
+    inputs: &Inputs,
+    ctx: &mut StepContext,
+) -> anyhow::Result<Outputs> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.run(inputs, ctx)))
+        .unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(panic_error(&msg, ctx.device()))
+        })
+}
+
 /// The error of a node that panicked on `device`. GPU backends panic when an allocation fails
 /// (cubecl's memory pool also caps one buffer at about a quarter of the device's memory); such a
 /// panic gets a hint at what to lower.
-fn panic_error(msg: &str, device: crate::DeviceSpec) -> anyhow::Error {
+pub(crate) fn panic_error(msg: &str, device: crate::DeviceSpec) -> anyhow::Error {
     let lower = msg.to_lowercase();
     let out_of_memory = ["out of memory", "outofmemory", "allocat", "max_allocation"]
         .iter()
@@ -153,22 +159,18 @@ pub fn run_step(
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> anyhow::Result<Vec<NodeReport>> {
     let n = graph.nodes.len();
-    let mut waiting: Vec<usize> = graph
-        .nodes
-        .iter()
-        .map(|g| {
-            let mut froms: Vec<NodeId> = g.inputs.iter().map(|e| e.from).collect();
-            froms.sort();
-            froms.dedup();
-            froms.len()
-        })
+    let repeated = |i: NodeId| graph.nodes[i].repeated_by.is_some();
+    // Repeated nodes are run by their loop node, never dispatched here.
+    let deps: Vec<Vec<NodeId>> = graph
+        .dependencies()
+        .into_iter()
+        .map(|d| d.into_iter().filter(|&p| !repeated(p)).collect())
         .collect();
+    let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
     let mut consumers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
-    for (to, g) in graph.nodes.iter().enumerate() {
-        for e in &g.inputs {
-            if !consumers[e.from].contains(&to) {
-                consumers[e.from].push(to);
-            }
+    for (to, d) in deps.iter().enumerate() {
+        for &from in d {
+            consumers[from].push(to);
         }
     }
     let rank: Vec<usize> = {
@@ -179,12 +181,33 @@ pub fn run_step(
         r
     };
     let mut outputs: HashMap<(NodeId, String), Value> = HashMap::new();
-    let mut skipped = vec![false; n];
     let mut reports: Vec<Option<NodeReport>> = vec![None; n];
-    let mut ready: Vec<NodeId> = (0..n).filter(|&i| waiting[i] == 0).collect();
+    let mut ready: Vec<NodeId> = (0..n)
+        .filter(|&i| waiting[i] == 0 && !repeated(i))
+        .collect();
     let mut in_flight = 0usize;
     let mut failure: Option<anyhow::Error> = None;
     let tx = pool.tx.as_ref().expect("pool is open");
+    let context = |id: NodeId| StepContext {
+        node: graph.nodes[id].name.clone(),
+        step: env.step,
+        total_steps: env.total_steps,
+        seed: env.seed,
+        device: env.devices[id],
+        resources: env.resources.clone(),
+        run_dir: env.run_dir.cloned(),
+        rng: None,
+        metrics: Vec::new(),
+        warnings: Vec::new(),
+        repeat: None,
+    };
+    let skipped_report = |id: NodeId| NodeReport {
+        name: graph.nodes[id].name.clone(),
+        seconds: 0.0,
+        skipped: true,
+        metrics: Vec::new(),
+        warnings: Vec::new(),
+    };
 
     loop {
         // Dispatch ready nodes in topological order (skips resolve immediately).
@@ -192,24 +215,41 @@ pub fn run_step(
             ready.sort_by_key(|&i| std::cmp::Reverse(rank[i]));
             let id = ready.pop().expect("non-empty");
             let g = &graph.nodes[id];
-            let mut inputs = Inputs::new(g.name.clone());
-            let mut skip = false;
-            for e in &g.inputs {
-                match outputs.get(&(e.from, e.from_port.clone())) {
-                    Some(v) => inputs.insert(e.port.clone(), v.clone()),
-                    None if e.optional => {}
-                    None => skip = true,
+            let gather = |to: NodeId| {
+                let mut inputs = Inputs::new(graph.nodes[to].name.clone());
+                let mut skip = false;
+                for e in &graph.nodes[to].inputs {
+                    if graph.nodes[e.from].repeated_by == Some(id) || e.from == id {
+                        continue; // the loop node's own repeat provides these
+                    }
+                    match outputs.get(&(e.from, e.from_port.clone())) {
+                        Some(v) => inputs.insert(e.port.clone(), v.clone()),
+                        None if e.optional => {}
+                        None => skip = true,
+                    }
+                }
+                (inputs, skip)
+            };
+            let (inputs, mut skip) = gather(id);
+            let mut repeat = None;
+            if !g.repeat.is_empty() && !skip {
+                let mut members = Vec::new();
+                for &r in &g.repeat {
+                    let (outside, s) = gather(r);
+                    skip |= s;
+                    members.push((r, outside));
+                }
+                if !skip {
+                    repeat = Some(crate::repeat::Repeat::new(
+                        graph, id, env.step, members, nodes, &context,
+                    ));
                 }
             }
             if skip {
-                skipped[id] = true;
-                reports[id] = Some(NodeReport {
-                    name: g.name.clone(),
-                    seconds: 0.0,
-                    skipped: true,
-                    metrics: Vec::new(),
-                    warnings: Vec::new(),
-                });
+                for &r in &g.repeat {
+                    reports[r] = Some(skipped_report(r));
+                }
+                reports[id] = Some(skipped_report(id));
                 for &c in &consumers[id] {
                     waiting[c] -= 1;
                     if waiting[c] == 0 {
@@ -218,18 +258,8 @@ pub fn run_step(
                 }
                 continue;
             }
-            let ctx = StepContext {
-                node: g.name.clone(),
-                step: env.step,
-                total_steps: env.total_steps,
-                seed: env.seed,
-                device: env.devices[id],
-                resources: env.resources.clone(),
-                run_dir: env.run_dir.cloned(),
-                rng: None,
-                metrics: Vec::new(),
-                warnings: Vec::new(),
-            };
+            let mut ctx = context(id);
+            ctx.repeat = repeat;
             let node = nodes[id].take().expect("node present");
             on_event(Event::NodeStarted(&g.name));
             tx.send(Task {
@@ -244,7 +274,7 @@ pub fn run_step(
         if in_flight == 0 {
             break;
         }
-        let done = pool
+        let mut done = pool
             .rx
             .recv()
             .map_err(|_| anyhow::anyhow!("worker pool stopped"))?;
@@ -252,8 +282,37 @@ pub fn run_step(
         let id = done.id;
         let g = &graph.nodes[id];
         nodes[id] = Some(done.node);
-        on_event(Event::NodeFinished(&g.name, done.seconds));
-        let outs = match done.result.and_then(|o| check_outputs(graph, id, o)) {
+        let mut seconds = done.seconds;
+        // Give the repeated nodes back; their last run's outputs become the step's.
+        if let Some(repeat) = done.ctx.repeat.take() {
+            seconds -= repeat.seconds();
+            let report_metrics = repeat.report_metrics;
+            for r in repeat.nodes {
+                nodes[r.id] = Some(r.node);
+                let ran = r.ran;
+                if let Some(values) = r.last {
+                    for (port, v) in values {
+                        outputs.insert((r.id, port), v);
+                    }
+                }
+                reports[r.id] = Some(NodeReport {
+                    name: r.name,
+                    seconds: r.seconds,
+                    skipped: !ran,
+                    metrics: if report_metrics {
+                        r.ctx.metrics
+                    } else {
+                        Vec::new()
+                    },
+                    warnings: r.ctx.warnings,
+                });
+            }
+        }
+        on_event(Event::NodeFinished(&g.name, seconds));
+        let outs = match done
+            .result
+            .and_then(|o| check_outputs(&g.kind, &consumed_ports(graph, id), o))
+        {
             Ok(o) => o,
             Err(e) => {
                 if failure.is_none() {
@@ -267,7 +326,6 @@ pub fn run_step(
                 continue;
             }
         };
-        skipped[id] = outs.skipped;
         let specs = g.kind.outputs();
         for (port, payload) in outs.values {
             let ty = specs
@@ -279,7 +337,7 @@ pub fn run_step(
         }
         reports[id] = Some(NodeReport {
             name: g.name.clone(),
-            seconds: done.seconds,
+            seconds,
             skipped: outs.skipped,
             metrics: done.ctx.metrics,
             warnings: done.ctx.warnings,
@@ -301,17 +359,35 @@ pub fn run_step(
         .collect())
 }
 
-/// Every declared output present (unless skipped), nothing undeclared.
-fn check_outputs(graph: &Graph, id: NodeId, outs: Outputs) -> anyhow::Result<Outputs> {
-    let g = &graph.nodes[id];
-    let specs = g.kind.outputs();
+/// The output ports of node `id` that some node reads (other than the loop node's arguments,
+/// which are handed over during its run).
+pub(crate) fn consumed_ports(graph: &Graph, id: NodeId) -> Vec<String> {
+    let specs = graph.nodes[id].kind.outputs();
+    graph
+        .nodes
+        .iter()
+        .flat_map(|m| m.inputs.iter())
+        .filter(|e| e.from == id)
+        .filter(|e| !specs.iter().any(|s| s.name == e.from_port && s.argument))
+        .map(|e| e.from_port.clone())
+        .collect()
+}
+
+/// Every declared output present (unless skipped and except arguments), nothing undeclared.
+pub(crate) fn check_outputs(
+    kind: &Arc<dyn crate::NodeKind>,
+    consumed: &[String],
+    outs: Outputs,
+) -> anyhow::Result<Outputs> {
+    let specs = kind.outputs();
     for port in outs.values.keys() {
-        if !specs.iter().any(|s| &s.name == port) {
+        if !specs.iter().any(|s| &s.name == port && !s.argument) {
             anyhow::bail!(
                 "returned output `{port}`, which kind `{}` does not declare (outputs: {})",
-                g.kind.name(),
+                kind.name(),
                 specs
                     .iter()
+                    .filter(|s| !s.argument)
                     .map(|s| s.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
@@ -319,15 +395,8 @@ fn check_outputs(graph: &Graph, id: NodeId, outs: Outputs) -> anyhow::Result<Out
         }
     }
     if !outs.skipped {
-        let consumed: Vec<&str> = graph
-            .nodes
-            .iter()
-            .flat_map(|m| m.inputs.iter())
-            .filter(|e| e.from == id)
-            .map(|e| e.from_port.as_str())
-            .collect();
         for s in &specs {
-            if !outs.values.contains_key(&s.name) && consumed.contains(&s.name.as_str()) {
+            if !outs.values.contains_key(&s.name) && consumed.contains(&s.name) {
                 anyhow::bail!("did not produce output `{}` ({})", s.name, s.ty);
             }
         }

@@ -4,6 +4,23 @@
 //! Wire `prompts` to the dataset node's `val_prompts` and, to evaluate the weights after the
 //! step's update (and keep the order deterministic), `after` to the update node's `done`.
 //!
+//! Scoring: the built-in rule named by `reward`, or any reward node of the graph — a plugin or an
+//! `exec` reward included — that the eval node repeats (see `flowrl_engine::repeat`): list it in
+//! `repeat`, wire its `rollouts` to `eval.rollouts` (each chunk of responses is handed to it) and
+//! `eval.scores` to its `scores`:
+//!
+//! ```toml
+//! [nodes.val_reward]
+//! kind = "exec"                 # or any reward.* kind
+//! timing = "eval"               # its time counts in timing_s/eval
+//! inputs = { rollouts = "eval.rollouts" }
+//!
+//! [nodes.eval]
+//! kind = "eval"
+//! repeat = ["val_reward"]
+//! inputs = { prompts = "data.val_prompts", after = "update.done", scores = "val_reward.scores" }
+//! ```
+//!
 //! Metrics: `val/<data_source>/score` (mean reward), `val/<data_source>/accuracy` (mean of the
 //! reward's `acc` component when it has one, else of the reward), `val/score` and `val/accuracy`
 //! over all prompts, `val/response_length/mean`.
@@ -22,7 +39,7 @@ use serde::Deserialize;
 use crate::data_parallel::Replicas;
 use crate::model_resource::ModelResource;
 use crate::rollout::{RolloutParams, generation_param_specs, sample_rollouts, stop_token_ids};
-use crate::values::{PromptBatch, port_types};
+use crate::values::{PromptBatch, ScoreBatch, port_types};
 
 /// The `eval` kind.
 pub struct EvalKind;
@@ -55,11 +72,21 @@ impl NodeKind for EvalKind {
             PortSpec::new("after", PortType::new(port_types::MODEL_UPDATE))
                 .optional()
                 .doc("an update node's `done`: evaluate after that update"),
+            PortSpec::new("scores", PortType::new(port_types::SCORES))
+                .optional()
+                .repeated()
+                .doc(
+                    "the scores of a reward node in `repeat`, for each chunk (instead of `reward`)",
+                ),
         ]
     }
 
     fn outputs(&self) -> Vec<PortSpec> {
-        Vec::new()
+        vec![
+            PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS))
+                .argument()
+                .doc("each chunk of greedy responses, handed to the reward node in `repeat`"),
+        ]
     }
 
     fn params(&self) -> Vec<ParamSpec> {
@@ -88,7 +115,15 @@ impl NodeKind for EvalKind {
     }
 
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
-        crate::rollout::validate_generation(ctx)
+        let mut out = crate::rollout::validate_generation(ctx);
+        if ctx.input("scores").is_some() && ctx.is_set("reward") {
+            out.push(ctx.warning(
+                "reward",
+                "`reward` is ignored: the responses are scored by the reward node wired to \
+                 `scores`",
+            ));
+        }
+        out
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
@@ -148,20 +183,47 @@ impl Node for EvalNode {
                 &Replicas::single(self.model.device),
                 ctx,
             )?;
+            let scored = if ctx.has_repeat() {
+                // The reward node's own critic/score/* would overwrite the training reward's.
+                let repeat = ctx.repeat()?;
+                repeat.report_metrics(false);
+                let got = repeat.run(Outputs::new().with_opaque("rollouts", rollouts.clone()))?;
+                Some(got.get_arc::<ScoreBatch>("scores")?)
+            } else {
+                None
+            };
+            if let Some(s) = &scored {
+                s.check()?;
+                anyhow::ensure!(
+                    s.rollouts.len() == rollouts.len(),
+                    "the reward node scored {} responses, eval handed it {}",
+                    s.rollouts.len(),
+                    rollouts.len()
+                );
+            }
             for r in 0..rollouts.len() {
-                let s = self
-                    .reward
-                    .score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
-                let acc = s
-                    .components
-                    .iter()
-                    .find(|(name, _)| name == "acc")
-                    .map(|(_, v)| *v)
-                    .unwrap_or(s.score);
+                let (score, acc) = match &scored {
+                    Some(s) => (
+                        s.scores[r] as f64,
+                        s.components.get("acc").map_or(s.scores[r], |a| a[r]) as f64,
+                    ),
+                    None => {
+                        let s = self
+                            .reward
+                            .score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
+                        let acc = s
+                            .components
+                            .iter()
+                            .find(|(name, _)| name == "acc")
+                            .map(|(_, v)| *v)
+                            .unwrap_or(s.score);
+                        (s.score, acc)
+                    }
+                };
                 let e = per_source
                     .entry(rollouts.data_source[r].clone())
                     .or_default();
-                e.score += s.score;
+                e.score += score;
                 e.accuracy += acc;
                 e.count += 1;
                 lengths += rollouts.response_ids[r].len();

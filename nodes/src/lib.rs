@@ -2,11 +2,18 @@
 //!
 //! Values on edges are defined in [`values`]; node kinds register with the engine's registry.
 //!
-//! The main job's pieces: the `model` resource kind ([`model_resource`]), the node kinds
-//! `rollout`, `logprob`, `update.ppo`, `update.sft` and `eval`, and what they share:
+//! A binary gets these kinds with [`register_builtin`] (or [`builtin_registry`]); a plugin binary
+//! (the CLI with its own kinds added) is one line, [`plugin_main!`], which also sets the binaries'
+//! allocator ([`allocator`]). Calling into this crate is what links it: a binary that only names
+//! `flowrl_engine::Registry::builtin()` has no built-in kinds at all.
+//!
+//! The main job's pieces: the `model` resource kind ([`model_resource`]; `value_head = true`
+//! makes a value model, PPO's critic), the node kinds `rollout`, `logprob`, `update.ppo`,
+//! `update.sft`, `eval` and the critic's `value` and `update.critic`, and what they share:
 //! [`sequences`] (response log-probs in chunks), [`train`] (optimizer parameters and the guarded
 //! step), [`optim`] (AdamW, clipping, schedules with PyTorch/verl semantics), [`backend`].
 
+pub mod advantage_gae;
 pub mod advantage_gdpo;
 pub mod advantage_gpg;
 pub mod advantage_grpo;
@@ -26,23 +33,94 @@ pub mod dataset_parquet;
 pub mod debug_print;
 pub mod eval;
 pub mod exec;
+pub mod filter_groups;
 pub mod logprob;
+pub mod micro_batches;
 pub mod model_resource;
 pub mod optim;
 pub mod reward_combined;
 pub mod reward_exact_match;
 pub mod reward_format;
 pub mod reward_geo3k;
+pub mod reward_overlong;
 pub mod reward_support;
 pub mod rollout;
 pub mod sequences;
 pub mod sink_jsonl;
 pub mod train;
+pub mod update_critic;
 pub mod update_ppo;
 pub mod update_sft;
 pub mod validate;
+pub mod value;
 pub mod values;
 
 pub use values::{
-    AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix,
+    AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, TokenValues,
 };
+
+use flowrl_engine::Registry;
+
+/// Adds every built-in node kind (`rollout`, `reward.*`, `exec`, …) and resource kind (`model`)
+/// to `registry`; a kind of the same name already there is replaced.
+///
+/// The kinds register themselves with `flowrl_engine::register_node_kind!` (inventory); calling
+/// this function links this crate into the binary, which is what makes those registrations part
+/// of it. Panics if they are missing anyway (a platform where link-time registration fails).
+pub fn register_builtin(registry: &mut Registry) {
+    let builtin = Registry::builtin();
+    assert!(
+        builtin.kind(exec::KIND).is_some() && builtin.resource_kinds().next().is_some(),
+        "flowrl-nodes is linked but its kinds did not register (inventory); this platform needs \
+         explicit registration"
+    );
+    for kind in builtin.kinds() {
+        registry.add_kind_arc(kind.clone());
+    }
+    for kind in builtin.resource_kinds() {
+        registry.add_resource_kind_arc(kind.clone());
+    }
+}
+
+/// A registry with every built-in kind ([`register_builtin`]).
+pub fn builtin_registry() -> Registry {
+    let mut r = Registry::new();
+    register_builtin(&mut r);
+    r
+}
+
+/// The `main` of a plugin binary, for [`plugin_main!`] (or for a `main` of your own after
+/// [`global_allocator!`]): tells the allocator to keep freed memory, builds the built-in registry,
+/// lets `add` add the plugin's kinds, and runs the engine's CLI (`run`, `validate`, `graph`,
+/// `nodes`, `plot`, `orchestrator`) with the process arguments.
+pub fn main_with_builtin_and(add: impl FnOnce(Registry) -> Registry) -> std::process::ExitCode {
+    allocator::keep_freed_memory();
+    flowrl_engine::cli::main_with(add(builtin_registry()))
+}
+
+/// Declares flowrl's allocator (mimalloc, see [`allocator`]) as the binary's global allocator.
+/// Write it once at the top level of a binary's `main.rs`; [`plugin_main!`] includes it.
+#[macro_export]
+macro_rules! global_allocator {
+    () => {
+        #[global_allocator]
+        static FLOWRL_ALLOCATOR: $crate::allocator::MiMalloc = $crate::allocator::MiMalloc;
+    };
+}
+
+/// A plugin binary's whole `main.rs`: the engine's CLI with every built-in kind, the kinds that
+/// `$add` (a `fn(Registry) -> Registry` or closure) adds, and flowrl's allocator:
+///
+/// ```ignore
+/// flowrl_nodes::plugin_main!(|registry| registry.with_kind(my_crate::LengthPenalty));
+/// ```
+#[macro_export]
+macro_rules! plugin_main {
+    ($add:expr) => {
+        $crate::global_allocator!();
+
+        fn main() -> ::std::process::ExitCode {
+            $crate::main_with_builtin_and($add)
+        }
+    };
+}

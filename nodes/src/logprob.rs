@@ -1,8 +1,11 @@
 //! The `logprob` node kind: per-token log-probs of the response tokens under a model (the old
 //! policy before the update, or the frozen reference), without gradients.
 //!
-//! Rows are processed `micro_batch_size` at a time; within a micro-batch only the response
-//! positions go through the LM head, `chunk` positions at a time (see [`crate::sequences`]).
+//! Rows are processed `micro_batch_size` at a time, or packed by their prompt + response lengths
+//! into micro-batches of at most `max_tokens_per_micro_batch` tokens (verl `use_dynamic_bsz` +
+//! `log_prob_max_token_len_per_gpu`; [`crate::micro_batches`]), which gives the same log-probs;
+//! within a micro-batch only the response positions go through the LM head, `chunk` positions at
+//! a time (see [`crate::sequences`]).
 //! Logits are divided by `temperature` first, as verl's actor does (set it to the rollout's).
 //! Timing key `old_log_prob`; a reference node sets `timing = "ref"` in the graph (verl's
 //! `timing_s/ref`). `sum_pi_squared = true` also outputs Σ_v π_v² per response position (verl
@@ -12,13 +15,14 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use flowrl_engine::{
-    BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, PortType,
-    StepContext,
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
+    PortType, StepContext, ValidateCtx,
 };
 use serde::Deserialize;
 
 use crate::backend::{FlowBackend, on_backend, replica_copy};
 use crate::data_parallel::{Replicas, shard};
+use crate::micro_batches::{self, MicroBatching};
 use crate::model_resource::ModelResource;
 use crate::sequences::{SequenceBatch, masked_host};
 use crate::values::{RolloutBatch, TokenLogProbs, TokenMatrix, port_types};
@@ -31,6 +35,7 @@ struct LogProbParams {
     model: String,
     temperature: f64,
     micro_batch_size: usize,
+    max_tokens_per_micro_batch: Option<usize>,
     chunk: usize,
     entropy: bool,
     sum_pi_squared: bool,
@@ -61,7 +66,7 @@ impl NodeKind for LogProbKind {
     }
 
     fn params(&self) -> Vec<ParamSpec> {
-        vec![
+        let mut p = vec![
             ParamSpec::resource("model", "model")
                 .required()
                 .doc("the model to score with"),
@@ -69,10 +74,12 @@ impl NodeKind for LogProbKind {
                 .default(1.0)
                 .gt(0.0)
                 .doc("logits are divided by it (use the rollout temperature)"),
-            ParamSpec::int("micro_batch_size")
-                .default(16)
-                .min(1.0)
-                .doc("responses per forward pass (verl: log_prob_micro_batch_size_per_gpu)"),
+        ];
+        p.extend(micro_batches::param_specs(
+            Some(16),
+            "responses per forward pass (verl: log_prob_micro_batch_size_per_gpu)",
+        ));
+        p.extend([
             ParamSpec::int("chunk")
                 .default(16)
                 .min(1.0)
@@ -84,7 +91,12 @@ impl NodeKind for LogProbKind {
                 "also output Σ_v π_v² per position (verl actor.calculate_sum_pi_squared; read by \
                  advantage.optimal_token_baseline)",
             ),
-        ]
+        ]);
+        p
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        micro_batches::diagnostics(ctx)
     }
 
     fn timing_key(&self) -> Option<&str> {
@@ -100,6 +112,7 @@ impl NodeKind for LogProbKind {
         let model = ctx.resource::<ModelResource>(&p.model)?;
         Ok(Box::new(LogProbNode {
             replicas: Replicas::new(&ctx.placement, &ctx.node)?,
+            micro: MicroBatching::new(p.micro_batch_size, p.max_tokens_per_micro_batch)?,
             p,
             model,
         }))
@@ -108,18 +121,23 @@ impl NodeKind for LogProbKind {
 
 struct LogProbNode {
     replicas: Replicas,
+    micro: MicroBatching,
     p: LogProbParams,
     model: Arc<ModelResource>,
 }
 
 impl Node for LogProbNode {
-    fn run(&mut self, inputs: &Inputs, _ctx: &mut StepContext) -> Result<Outputs> {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let rollouts = inputs.get_arc::<RolloutBatch>("rollouts")?;
+        let all: Vec<usize> = (0..rollouts.len()).collect();
+        if let Some(w) = self.micro.oversized_warning(&rollouts, &all) {
+            ctx.warn(w);
+        }
         let out = token_log_probs(
             &self.model,
             &rollouts,
             self.p.temperature,
-            self.p.micro_batch_size,
+            self.micro,
             self.p.chunk,
             Extras {
                 entropy: self.p.entropy,
@@ -141,18 +159,19 @@ pub struct Extras {
 }
 
 /// Log-probs (and optionally entropies and Σπ²) of every response token of `rollouts` under
-/// `model`, the rows split over `replicas` ([`crate::data_parallel`]) and gathered.
+/// `model`, the rows split over `replicas` ([`crate::data_parallel`]), each replica's share into
+/// micro-batches by `micro`, and gathered.
 pub fn token_log_probs(
     model: &ModelResource,
     rollouts: &RolloutBatch,
     temperature: f64,
-    micro_batch_size: usize,
+    micro: MicroBatching,
     chunk: usize,
     extras: Extras,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
     on_backend!(model.backend(), B => {
-        log_probs_on::<B>(model, rollouts, temperature, micro_batch_size, chunk, extras, replicas)
+        log_probs_on::<B>(model, rollouts, temperature, micro, chunk, extras, replicas)
     })
 }
 
@@ -161,7 +180,7 @@ fn log_probs_on<B: FlowBackend>(
     model: &ModelResource,
     rollouts: &RolloutBatch,
     temperature: f64,
-    micro_batch_size: usize,
+    micro: MicroBatching,
     chunk: usize,
     extras: Extras,
     replicas: &Replicas,
@@ -174,7 +193,8 @@ fn log_probs_on<B: FlowBackend>(
         let (infer, device) = replica_copy::<B>(&infer, r.device)?;
         let rows: Vec<usize> = shard(b, r.world, r.index).collect();
         let mut mine = Vec::with_capacity(rows.len());
-        for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
+        for chunk_rows in micro.split(rollouts, &rows) {
+            let chunk_rows = chunk_rows.as_slice();
             let seq = SequenceBatch::new(rollouts, chunk_rows)?;
             let (out, sq) = if extras.sum_pi_squared {
                 let (out, sq) =

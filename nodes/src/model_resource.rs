@@ -22,10 +22,19 @@
 //! safetensors, loadable by transformers and by this kind) — for a LoRA model `adapter/` in PEFT's
 //! layout instead —, `optimizer.safetensors` (AdamW moments) and `state.json` (counters). A frozen
 //! copy (`from`) saves nothing: the engine builds every resource from the graph before it restores
-//! a checkpoint, so the copy is taken from the source's initial weights again.
+//! a checkpoint, so the copy is taken from the source's initial weights again. A restore checks
+//! `optimizer.safetensors` against the parameters it will update (names, shapes, finite values:
+//! [`AdamW::load`]) and refuses another model's state naming the file and the parameter.
 //!
 //! Load-time checks: the directory exists and holds `config.json`; the tokenizer's vocabulary fits
 //! the model's embedding table (a mismatch means tokenizer and weights come from different models).
+//!
+//! A value model (`value_head = true`, the critic of PPO, verl's `critic.model.path`): the same
+//! model with a [`ValueHead`] on its final hidden states ([`flowrl_models::value_head`]), read
+//! from the directory's `value_head.safetensors` when it has one (a flowrl checkpoint's `model/`)
+//! and drawn fresh otherwise (transformers' init of `score`, seeded by the run seed). The head is
+//! trained with the backbone by `update.critic`, one AdamW over both; checkpoints add
+//! `model/value_head.safetensors`.
 
 use std::any::Any;
 use std::path::{Path, PathBuf};
@@ -39,6 +48,7 @@ use flowrl_engine::{
 };
 use flowrl_models::Model;
 use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter};
+use flowrl_models::value_head::{VALUE_HEAD_FILE, ValueHead, ValueModel, initializer_range};
 use flowrl_models::weights::Precision;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
@@ -61,12 +71,15 @@ pub struct ModelState<B: FlowBackend> {
     /// frozen model (it is never updated) and for the frozen base of a LoRA model (whose
     /// adapters are f32).
     pub model: Model<B>,
-    /// Created by the first update node that trains this model; its moments are f32.
+    /// Created by the first update node that trains this model; its moments are f32. Of a
+    /// value model: the AdamW of the [`flowrl_models::value_head::ValueModel`] (backbone + head).
     pub optimizer: Option<AdamW<B>>,
     pub counters: UpdateCounters,
     pub device: B::Device,
     /// The precision of the forward passes' weights and activations.
     pub precision: Precision,
+    /// The value head of a value model (`value_head = true`), in f32.
+    pub value_head: Option<ValueHead<B>>,
 }
 
 impl<B: FlowBackend> ModelState<B> {
@@ -78,6 +91,7 @@ impl<B: FlowBackend> ModelState<B> {
             counters: UpdateCounters::default(),
             device,
             precision,
+            value_head: None,
         }
     }
 
@@ -116,6 +130,8 @@ pub struct ModelResource {
     pub lora: Option<LoraConfig>,
     /// A `from` copy of a LoRA model: the shared weights with the adapters switched off.
     adapters_off: bool,
+    /// A value model: its state holds a value head.
+    value_head: bool,
     backend: BackendKind,
     /// A `Mutex<ModelState<B>>` for the backend `backend` names (shared by a LoRA model and its
     /// adapter-off copies).
@@ -250,6 +266,7 @@ impl ModelResource {
             device,
             lora: None,
             adapters_off: false,
+            value_head: state.value_head.is_some(),
             backend: B::KIND,
             state: Arc::new(Mutex::new(state)),
         }
@@ -258,6 +275,48 @@ impl ModelResource {
     /// The backend the weights live on.
     pub fn backend(&self) -> BackendKind {
         self.backend
+    }
+
+    /// True for a value model (`value_head = true`).
+    pub fn has_value_head(&self) -> bool {
+        self.value_head
+    }
+
+    /// Gives this model a value head: the one stored in its directory
+    /// (`value_head.safetensors`), else a fresh one drawn with `seed` (see the module doc).
+    pub fn attach_value_head(&mut self, seed: u64) -> Result<()> {
+        let stored = self.dir.join(VALUE_HEAD_FILE);
+        let std = initializer_range(&std::fs::read_to_string(self.dir.join("config.json"))?);
+        on_backend!(self.backend, B => {
+            let mut s = self.lock::<B>()?;
+            let hidden = s.model.causal_lm().hidden_size();
+            #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
+            let device = s.device.clone();
+            s.value_head = Some(if stored.is_file() {
+                ValueHead::load(&stored, hidden, &device)
+                    .with_context(|| format!("model `{}`: value head", self.name))?
+            } else {
+                ValueHead::random(hidden, std, seed, &device)
+            });
+        });
+        self.value_head = true;
+        Ok(())
+    }
+
+    /// The backbone and the value head without autodiff, the backbone in the compute precision
+    /// (values without gradients); an error for a model without a value head.
+    #[allow(clippy::type_complexity)]
+    pub fn value_model_inference<B: FlowBackend>(
+        &self,
+    ) -> Result<(Model<B::InnerBackend>, ValueHead<B::InnerBackend>)> {
+        let s = self.lock::<B>()?;
+        let head = s.value_head.as_ref().ok_or_else(|| {
+            anyhow!(
+                "model `{}` has no value head: declare it with `value_head = true`",
+                self.name
+            )
+        })?;
+        Ok((s.inference_model(), head.valid()))
     }
 
     /// A frozen copy of this resource's current weights, held in its compute precision (a
@@ -273,6 +332,7 @@ impl ModelResource {
                 device: self.device,
                 lora: None,
                 adapters_off: true,
+                value_head: false,
                 backend: self.backend,
                 state: self.state.clone(),
             });
@@ -344,6 +404,9 @@ impl ModelResource {
                 }
                 None => s.model.save(&dir.join("model"), None)?,
             }
+            if let Some(head) = &s.value_head {
+                head.save(&dir.join("model").join(VALUE_HEAD_FILE))?;
+            }
             if let Some(opt) = &s.optimizer {
                 opt.save(&dir.join("optimizer.safetensors"))?;
             }
@@ -381,13 +444,27 @@ impl ModelResource {
                 }
                 None => Model::<B>::load(&dir.join("model"), &device).with_context(restoring)?,
             };
+            if s.value_head.is_some() {
+                let hidden = s.model.causal_lm().hidden_size();
+                let path = dir.join("model").join(VALUE_HEAD_FILE);
+                s.value_head = Some(ValueHead::load(&path, hidden, &device).with_context(restoring)?);
+            }
             let opt_path = dir.join("optimizer.safetensors");
             if opt_path.is_file() {
                 let mut opt = s
                     .optimizer
                     .take()
                     .unwrap_or_else(|| AdamW::new(Default::default()));
-                opt.load(&opt_path, &device)?;
+                // Checked against the module the optimizer updates (of a value model: backbone
+                // and head, as `update.critic` steps them).
+                match &s.value_head {
+                    Some(head) => {
+                        let critic = ValueModel { model: s.model.clone(), head: head.clone() };
+                        opt.load(&opt_path, &critic, &device)
+                    }
+                    None => opt.load(&opt_path, &s.model, &device),
+                }
+                .with_context(|| format!("model `{}`", self.name))?;
                 s.optimizer = Some(opt);
             }
             let state = dir.join("state.json");
@@ -411,6 +488,7 @@ struct ModelParams {
     precision: Option<String>,
     init: String,
     lora: Option<LoraParams>,
+    value_head: bool,
 }
 
 /// The `lora` table (PEFT's names: `r` → `rank`, `lora_alpha` → `alpha`, `lora_dropout` →
@@ -495,6 +573,9 @@ impl ResourceKind for ModelKind {
             )
             .switch()
             .doc("train LoRA adapters instead of every weight: the base stays frozen in the compute precision, only the adapters (f32) have gradients and optimizer state; checkpoints hold the adapter in PEFT's layout"),
+            ParamSpec::bool("value_head")
+                .default(false)
+                .doc("a value model (PPO's critic, verl critic.model): a linear value head `score` [1, hidden] on the final hidden states, read from the directory's value_head.safetensors when present, else drawn fresh (N(0, initializer_range²), bias 0, seeded); trained with the backbone by `update.critic`"),
             ParamSpec::one_of("precision", &["f32", "bf16"])
                 .doc("precision of the forward passes: bf16 = mixed precision (bf16 weights, activations and matmuls; f32 norms, softmax, log-probs, losses, master weights and AdamW moments); default f32 on CPU and Vulkan, bf16 on CUDA"),
         ]
@@ -530,7 +611,16 @@ impl ResourceKind for ModelKind {
                 if p.get("lora").is_some() {
                     out.push(ctx.error("lora", "a `from` copy of a LoRA model already is its base (adapters off); give `lora` to the model it copies"));
                 }
+                if p.get_bool("value_head") == Some(true) {
+                    out.push(ctx.error("value_head", "a `from` copy is frozen and has no value head; load the directory with `path` to make a value model"));
+                }
             }
+        }
+        if p.get("lora").is_some() && p.get_bool("value_head") == Some(true) {
+            out.push(ctx.error(
+                "value_head",
+                "a value model with LoRA adapters is not supported yet: train the critic's full weights (drop `lora`)",
+            ));
         }
         if p.get("lora").is_some() {
             match (p.get_path("lora.rank"), p.get_str("lora.adapter")) {
@@ -568,9 +658,22 @@ impl ResourceKind for ModelKind {
                     .map(|l| l.resolve(flowrl_engine::derive_seed(ctx.init_seed(), 0, "lora")))
                     .transpose()
                     .with_context(|| format!("model `{}`: lora", ctx.node))?;
-                ModelResource::load_with_lora(
+                ensure!(
+                    !(p.value_head && lora.is_some()),
+                    "model `{}`: a value model with LoRA adapters is not supported yet",
+                    ctx.node
+                );
+                let mut model = ModelResource::load_with_lora(
                     &ctx.node, &path, trainable, seed, ctx.device, precision, lora,
-                )?
+                )?;
+                if p.value_head {
+                    model.attach_value_head(flowrl_engine::derive_seed(
+                        ctx.init_seed(),
+                        0,
+                        "value_head",
+                    ))?;
+                }
+                model
             }
             (None, Some(from)) => {
                 let source = ctx.resource::<ModelResource>(&from)?;

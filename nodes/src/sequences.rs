@@ -516,7 +516,7 @@ pub fn input_embeddings_shared<B: Backend>(
     let text = model
         .causal_lm()
         .embed_tokens(tokens.ids_tensor::<B>(device));
-    scatter_image_embeddings(text, &tokens.ids, vision.image_token_id(), image_embeds)
+    scatter_image_embeddings(text, &tokens.ids, &vision.vision_token_ids(), image_embeds)
 }
 
 /// Per response token: log-prob of the token and entropy of the distribution, `[b, T]`.
@@ -562,6 +562,7 @@ mod tests {
             grid: vec![1, 4, 4],
             num_tokens: 4,
             patch_positions: None,
+            video: None,
         }
     }
 

@@ -2,8 +2,10 @@
 //!
 //! For each of `ppo_epochs` epochs, the batch is split in order into mini-batches of
 //! `mini_batch_size` prompts (× the rollout's `n` responses); each mini-batch is one optimizer
-//! step, its gradient accumulated over micro-batches of `micro_batch_size` responses. The loss of
-//! a micro-batch is
+//! step, its gradient accumulated over micro-batches of `micro_batch_size` responses, or of at
+//! most `max_tokens_per_micro_batch` prompt + response tokens (verl `use_dynamic_bsz` +
+//! `ppo_max_token_len_per_gpu`: rows packed by length, balanced; [`crate::micro_batches`]). The
+//! loss of a micro-batch is
 //!
 //! ```text
 //! L = pg_loss − entropy_coeff · agg(entropy) + kl.coef · agg(kl(logπ, logπ_ref))
@@ -12,7 +14,7 @@
 //! (`flowrl_algorithms::compute_policy_loss`, `kl_penalty`, `agg_loss`), with `agg` normalised
 //! over the **whole mini-batch** (`GlobalBatchInfo`: its valid-token count for `token-mean`, its
 //! response count for the `seq-mean-*` modes), so the summed micro-batch gradients equal the
-//! gradient of the mini-batch loss whatever the micro-batch size. After the last micro-batch:
+//! gradient of the mini-batch loss whatever the micro-batch size or token budget. After the last micro-batch:
 //! global-norm clipping (`grad_clip`), then AdamW at the scheduled learning rate — or, when the
 //! loss or the gradient norm is not finite, the step is skipped and counted
 //! (`actor/skipped_steps`).
@@ -36,6 +38,13 @@
 //! `PolicyLossMode::metric_keys`), `actor/entropy` (means over micro-batches), `actor/grad_norm`
 //! (mean over applied steps), `actor/lr`, `actor/kl_coef`, `actor/skipped_steps`. Autodiff
 //! graphs live only inside one micro-batch. Timing key `update_actor`.
+//!
+//! Critic warm-up (verl `trainer.critic_warmup`, default 0): verl updates the actor at step s
+//! (counted from 1) only when `critic_warmup <= s`, so `critic_warmup = N` skips the actor update
+//! — and its metrics — on the first N − 1 steps while `update.critic` trains the value model;
+//! `done` then carries the unchanged counters. Validation warns that `critic_warmup = 1` skips
+//! nothing. The learning-rate schedule keeps following the run's step (verl's actor scheduler
+//! does not advance while skipped; the two differ only with a warm-up or decay schedule).
 //!
 //! Each micro-batch's gradient comes from the two-stage backward of
 //! [`crate::sequences::chunked_loss_backward`]: the log-probs and entropies as values (every
@@ -65,6 +74,7 @@ use serde::Deserialize;
 
 use crate::backend::{FlowBackend, device_of, on_backend};
 use crate::data_parallel::Replicas;
+use crate::micro_batches::{self, MicroBatching};
 use crate::model_resource::ModelResource;
 use crate::optim::LrSchedule;
 use crate::sequences::SequenceBatch;
@@ -93,6 +103,7 @@ struct PpoParams {
     optim: OptimParams,
     mini_batch_size: Option<usize>,
     micro_batch_size: Option<usize>,
+    max_tokens_per_micro_batch: Option<usize>,
     ppo_epochs: usize,
     policy_loss: String,
     clip_ratio: f64,
@@ -112,6 +123,7 @@ struct PpoParams {
     entropy_coeff: f64,
     temperature: f64,
     chunk: usize,
+    critic_warmup: u64,
 }
 
 impl NodeKind for PpoUpdateKind {
@@ -148,13 +160,18 @@ impl NodeKind for PpoUpdateKind {
 
     fn params(&self) -> Vec<ParamSpec> {
         let mut p = vec![
-            ParamSpec::resource("model", "model").required().doc("the policy to train"),
-            ParamSpec::int("mini_batch_size")
-                .min(1.0)
-                .doc("prompts per optimizer step (verl ppo_mini_batch_size); default: the whole batch"),
-            ParamSpec::int("micro_batch_size")
-                .min(1.0)
-                .doc("responses per forward/backward (verl ppo_micro_batch_size_per_gpu); default: the mini-batch"),
+            ParamSpec::resource("model", "model")
+                .required()
+                .doc("the policy to train"),
+            ParamSpec::int("mini_batch_size").min(1.0).doc(
+                "prompts per optimizer step (verl ppo_mini_batch_size); default: the whole batch",
+            ),
+        ];
+        p.extend(micro_batches::param_specs(
+            None,
+            "responses per forward/backward (verl ppo_micro_batch_size_per_gpu); default: the mini-batch",
+        ));
+        p.extend([
             ParamSpec::int("ppo_epochs").default(1).min(1.0).doc("passes over the batch"),
             ParamSpec::one_of("policy_loss", &PolicyLossMode::ALL.map(|(_, n)| n))
                 .default("vanilla")
@@ -194,7 +211,8 @@ impl NodeKind for PpoUpdateKind {
             ParamSpec::float("entropy_coeff").default(0.0).doc("entropy bonus coefficient"),
             ParamSpec::float("temperature").default(1.0).gt(0.0).doc("logits are divided by it (use the rollout's)"),
             ParamSpec::int("chunk").default(16).min(1.0).doc("response positions per LM-head block"),
-        ];
+            ParamSpec::int("critic_warmup").default(0).min(0.0).doc("verl trainer.critic_warmup: the actor is updated at step s (from 1) only when critic_warmup <= s, so N skips the first N − 1 updates while the critic trains"),
+        ]);
         p.extend(optim_param_specs());
         p
     }
@@ -218,29 +236,14 @@ impl NodeKind for PpoUpdateKind {
         }
         let epochs = p.get_i64("ppo_epochs").unwrap_or(1) as usize;
         let batch = upstream_batch_size(ctx);
-        let n = upstream_rollout_n(ctx).unwrap_or(1);
         let mini = p.get_i64("mini_batch_size").map(|m| m as usize);
-        if let (Some((b, data)), Some(m)) = (&batch, mini)
-            && b % m != 0
-        {
-            out.push(ctx.error(
-                "mini_batch_size",
-                format!("`{data}.batch_size` {b} is not divisible by mini_batch_size {m} (prompts per optimizer step)"),
+        out.extend(mini_batch_diagnostics(ctx));
+        out.extend(micro_batches::diagnostics(ctx));
+        if ctx.is_set("critic_warmup") && p.get_i64("critic_warmup") == Some(1) {
+            out.push(ctx.warning(
+                "critic_warmup",
+                "critic_warmup = 1 skips no actor update: as in verl, the actor is updated at step s (counted from 1) when critic_warmup <= s; N skips the first N − 1 steps",
             ));
-        }
-        if let Some(micro) = p.get_i64("micro_batch_size").map(|m| m as usize) {
-            let rows = mini.or(batch.as_ref().map(|(b, _)| *b)).map(|m| m * n);
-            if let Some(rows) = rows
-                && rows % micro != 0
-            {
-                out.push(ctx.error(
-                    "micro_batch_size",
-                    format!(
-                        "a mini-batch of {} prompts × n {n} = {rows} responses is not divisible by micro_batch_size {micro}",
-                        rows / n
-                    ),
-                ));
-            }
         }
         if ctx.input("old_log_probs").is_none() {
             let several_minis = matches!((&batch, mini), (Some((b, _)), Some(m)) if m < *b)
@@ -388,6 +391,19 @@ fn mean(v: &[f64]) -> Option<f64> {
 
 impl Node for PpoUpdateNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        if ctx.step() + 1 < self.p.critic_warmup {
+            // Critic warm-up (see the module doc): no actor update, unchanged counters.
+            let counters = on_backend!(self.model.backend(), B => {
+                self.model.lock::<B>()?.counters
+            });
+            return Ok(Outputs::new().with(
+                "done",
+                ModelUpdate {
+                    optimizer_steps: counters.optimizer_steps,
+                    skipped_steps: counters.skipped_steps,
+                },
+            ));
+        }
         let rollouts = inputs.get_arc::<RolloutBatch>("rollouts")?;
         let adv = inputs.get_arc::<AdvantageBatch>("advantages")?;
         let old = inputs.get_opt::<TokenLogProbs>("old_log_probs")?;
@@ -416,12 +432,19 @@ impl Node for PpoUpdateNode {
         let b = rollouts.len();
         let n = (b / rollouts.prompts.len().max(1)).max(1);
         let mini_rows = self.p.mini_batch_size.map(|m| m * n).unwrap_or(b).min(b);
-        let micro_rows = self.p.micro_batch_size.unwrap_or(mini_rows).min(mini_rows);
+        let micro = MicroBatching::new(
+            self.p.micro_batch_size.unwrap_or(mini_rows).min(mini_rows),
+            self.p.max_tokens_per_micro_batch,
+        )?;
+        let all: Vec<usize> = (0..b).collect();
+        if let Some(w) = micro.oversized_warning(&rollouts, &all) {
+            ctx.warn(w);
+        }
         if old.is_none() && (self.p.ppo_epochs > 1 || mini_rows < b) {
             bail!("without `old_log_probs` the update must be one epoch over one mini-batch");
         }
         on_backend!(self.model.backend(), B => {
-            self.update::<B>(&rollouts, &adv, old, reference, mini_rows, micro_rows, ctx)
+            self.update::<B>(&rollouts, &adv, old, reference, mini_rows, micro, ctx)
         })
     }
 }
@@ -437,7 +460,7 @@ impl PpoUpdateNode {
         old: Option<&TokenLogProbs>,
         reference: Option<&TokenLogProbs>,
         mini_rows: usize,
-        micro_rows: usize,
+        micro: MicroBatching,
         ctx: &mut StepContext,
     ) -> Result<Outputs> {
         let b = rollouts.len();
@@ -460,7 +483,7 @@ impl PpoUpdateNode {
                     let first = mine.first().map_or(u64::MAX, |&r| r as u64);
                     let _scope = DropoutScope::enter(derive_seed(mini_seed, first, "rows"));
                     self.mini_batch_grads(
-                        model, precision, rollouts, adv, old, reference, &info, mine, micro_rows,
+                        model, precision, rollouts, adv, old, reference, &info, mine, micro,
                         loss_seed,
                     )
                 })
@@ -548,7 +571,7 @@ impl PpoUpdateNode {
         reference: Option<&TokenLogProbs>,
         info: &GlobalBatchInfo,
         mine: &[usize],
-        micro_rows: usize,
+        micro: MicroBatching,
         loss_seed: u64,
     ) -> Result<PartialStep> {
         let device = device_of(model);
@@ -556,7 +579,8 @@ impl PpoUpdateNode {
         let mut sums = MicroSums::default();
         let mut finite = true;
         let loss = self.loss;
-        for micro in mine.chunks(micro_rows) {
+        for micro in micro.split(rollouts, mine) {
+            let micro = micro.as_slice();
             let seq = SequenceBatch::new(rollouts, micro)?;
             let mask = seq.mask_tensor::<B>(&device);
             // Two-stage backward on one view of the weights in `precision` (a fresh one per
@@ -689,6 +713,41 @@ impl PpoLoss {
     }
 }
 
+/// The batch arithmetic of an update node with `mini_batch_size` / `micro_batch_size` (prompts
+/// per optimizer step, responses per forward/backward): the upstream dataset's `batch_size`
+/// must divide into mini-batches, and a mini-batch's responses (× the rollout's `n`) into
+/// micro-batches, with the numbers in the message.
+pub(crate) fn mini_batch_diagnostics(ctx: &ValidateCtx) -> Vec<Diagnostic> {
+    let p = ctx.params();
+    let mut out = Vec::new();
+    let batch = upstream_batch_size(ctx);
+    let n = upstream_rollout_n(ctx).unwrap_or(1);
+    let mini = p.get_i64("mini_batch_size").map(|m| m as usize);
+    if let (Some((b, data)), Some(m)) = (&batch, mini)
+        && b % m != 0
+    {
+        out.push(ctx.error(
+            "mini_batch_size",
+            format!("`{data}.batch_size` {b} is not divisible by mini_batch_size {m} (prompts per optimizer step)"),
+        ));
+    }
+    if let Some(micro) = p.get_i64("micro_batch_size").map(|m| m as usize) {
+        let rows = mini.or(batch.as_ref().map(|(b, _)| *b)).map(|m| m * n);
+        if let Some(rows) = rows
+            && rows % micro != 0
+        {
+            out.push(ctx.error(
+                "micro_batch_size",
+                format!(
+                    "a mini-batch of {} prompts × n {n} = {rows} responses is not divisible by micro_batch_size {micro}",
+                    rows / n
+                ),
+            ));
+        }
+    }
+    out
+}
+
 /// The policy loss's diagnostics: a warning for each option the graph sets that the chosen loss
 /// ignores (as verl ignores it), and DRO's required `dro_beta`.
 fn loss_diagnostics(ctx: &ValidateCtx) -> Vec<Diagnostic> {
@@ -747,9 +806,12 @@ fn loss_diagnostics(ctx: &ValidateCtx) -> Vec<Diagnostic> {
                     ),
                 ));
             }
-            if ctx.is_set("micro_batch_size") {
+            if let Some(key) = ["micro_batch_size", "max_tokens_per_micro_batch"]
+                .into_iter()
+                .find(|k| ctx.is_set(k))
+            {
                 out.push(ctx.warning(
-                    "micro_batch_size",
+                    key,
                     format!(
                         "policy_loss = \"{loss}\" ignores the mini-batch normalisation (as in verl): the mini-batch's policy loss is the sum of its micro-batch means, so the gradient scales with the number of micro-batches"
                     ),

@@ -51,8 +51,19 @@ pub fn upstream_prompt_length(ctx: &ValidateCtx) -> Option<(usize, String)> {
     Some((len as usize, format!("`{}.max_prompt_length`", data.name())))
 }
 
-/// `batch_size` of the dataset node upstream.
+/// Prompts per training batch upstream: a `filter.groups` node's `batch_size` when one sets it
+/// (dynamic sampling), else the dataset node's `batch_size`.
 pub fn upstream_batch_size(ctx: &ValidateCtx) -> Option<(usize, String)> {
+    if let Some(filter) = ctx.node()?.find_upstream(|k| k == "filter.groups")
+        && let Some(b) = filter.params().get_i64("batch_size")
+    {
+        return Some((b as usize, filter.name().to_string()));
+    }
+    dataset_batch_size(ctx)
+}
+
+/// `batch_size` of the dataset node upstream (prompts per generation batch).
+pub fn dataset_batch_size(ctx: &ValidateCtx) -> Option<(usize, String)> {
     let data = ctx.node()?.find_upstream(|k| k.starts_with("dataset"))?;
     let b = data.params().get_i64("batch_size")?;
     Some((b as usize, data.name().to_string()))

@@ -12,6 +12,7 @@
 //! | `Rollouts`      | [`RolloutBatch`]     | `rollout`                         |
 //! | `Scores`        | [`ScoreBatch`]       | `reward.*`                        |
 //! | `TokenLogProbs` | [`TokenLogProbs`]    | `logprob`                         |
+//! | `Values`        | [`TokenValues`]      | `value` (the critic's values)     |
 //! | `Advantages`    | [`AdvantageBatch`]   | `advantage.*`                     |
 //! | `ModelUpdate`   | [`ModelUpdate`]      | `update.*` (orders `eval` after the update) |
 //!
@@ -33,6 +34,8 @@ pub mod port_types {
     pub const SCORES: &str = "Scores";
     /// [`super::TokenLogProbs`].
     pub const TOKEN_LOG_PROBS: &str = "TokenLogProbs";
+    /// [`super::TokenValues`].
+    pub const VALUES: &str = "Values";
     /// [`super::AdvantageBatch`].
     pub const ADVANTAGES: &str = "Advantages";
     /// [`super::ModelUpdate`].
@@ -287,6 +290,95 @@ impl ScoreBatch {
     }
 }
 
+impl ScoreBatch {
+    /// The responses `rows` of each part, in that order, as one batch: one prompt batch holding
+    /// the prompts they answer (each once), response matrices padded to the longest `T` among
+    /// the parts, scores and components alongside. The parts must share their component names
+    /// and their prompts' pad and image token ids (one dataset).
+    pub fn gather(parts: &[(Arc<ScoreBatch>, Vec<usize>)]) -> anyhow::Result<ScoreBatch> {
+        let first = &parts
+            .first()
+            .ok_or_else(|| anyhow::anyhow!("gathering responses from no batch"))?
+            .0;
+        let t = parts
+            .iter()
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(s, _)| s.rollouts.response_len())
+            .max()
+            .unwrap_or(0);
+        let mut prompts = Vec::new();
+        let mut prompt_index = Vec::new();
+        let (mut response_ids, mut text, mut truncated) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut mask, mut logp) = (Vec::new(), Vec::new());
+        let mut scores = Vec::new();
+        let mut components: BTreeMap<String, Vec<f32>> = first
+            .components
+            .keys()
+            .map(|k| (k.clone(), Vec::new()))
+            .collect();
+        for (s, rows) in parts {
+            let r = &s.rollouts;
+            anyhow::ensure!(
+                r.prompts.pad_token_id == first.rollouts.prompts.pad_token_id
+                    && r.prompts.image_token_id == first.rollouts.prompts.image_token_id,
+                "gathered responses come from prompt batches with different pad or image tokens"
+            );
+            anyhow::ensure!(
+                s.components.keys().eq(first.components.keys()),
+                "gathered score batches have different components ({:?} and {:?})",
+                first.components.keys().collect::<Vec<_>>(),
+                s.components.keys().collect::<Vec<_>>()
+            );
+            let mut mapped: BTreeMap<usize, usize> = BTreeMap::new();
+            for &i in rows {
+                anyhow::ensure!(i < r.len(), "row {i} of a batch of {} responses", r.len());
+                let p = r.prompt_index[i];
+                let index = *mapped.entry(p).or_insert_with(|| {
+                    prompts.push(r.prompts.prompts[p].clone());
+                    prompts.len() - 1
+                });
+                prompt_index.push(index);
+                response_ids.push(r.response_ids[i].clone());
+                text.push(r.response_text[i].clone());
+                truncated.push(r.truncated[i]);
+                let pad = t - r.response_len();
+                mask.extend_from_slice(r.response_mask.row(i));
+                mask.extend(std::iter::repeat_n(0.0, pad));
+                logp.extend_from_slice(r.sampling_log_probs.row(i));
+                logp.extend(std::iter::repeat_n(0.0, pad));
+                scores.push(s.scores[i]);
+                for (name, v) in &s.components {
+                    components.get_mut(name).expect("same keys").push(v[i]);
+                }
+            }
+        }
+        let b = prompt_index.len();
+        let batch = PromptBatch {
+            prompts,
+            pad_token_id: first.rollouts.prompts.pad_token_id,
+            image_token_id: first.rollouts.prompts.image_token_id,
+            epoch: parts.last().map_or(0, |(s, _)| s.rollouts.prompts.epoch),
+        };
+        let rollouts = RolloutBatch::for_prompts(
+            Arc::new(batch),
+            prompt_index,
+            response_ids,
+            TokenMatrix::new(mask, b, t)?,
+            TokenMatrix::new(logp, b, t)?,
+            text,
+            truncated,
+        );
+        rollouts.check()?;
+        let out = ScoreBatch {
+            rollouts: Arc::new(rollouts),
+            scores,
+            components,
+        };
+        out.check()?;
+        Ok(out)
+    }
+}
+
 /// Per-token log-probs of the response tokens under some model (old policy, reference), `[B, T]`,
 /// 0.0 at padding positions. Aligned with the `RolloutBatch` they were computed for.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -298,6 +390,28 @@ pub struct TokenLogProbs {
     /// Optional `[B, T]` Σ_v π_v² of the same distribution at every response position (verl's
     /// `sum_pi_squared`, when requested; 0.0 at padding).
     pub sum_pi_squared: Option<TokenMatrix>,
+}
+
+/// The critic's value of every response position `[B, T]` (verl's `values`: the value head's
+/// output at the position that predicts response token t, 0.0 at padding). Aligned with the
+/// `RolloutBatch` they were computed for.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenValues {
+    /// `[B, T]` V(prompt, response < t).
+    pub values: TokenMatrix,
+}
+
+impl TokenValues {
+    /// Checks the shape against `rollouts`.
+    pub fn check(&self, rollouts: &RolloutBatch) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.values.shape() == rollouts.response_mask.shape(),
+            "values {:?} do not match the rollouts {:?}",
+            self.values.shape(),
+            rollouts.response_mask.shape()
+        );
+        Ok(())
+    }
 }
 
 /// Per-token advantages and returns `[B, T]`, 0.0 at padding (verl's `advantages`, `returns`).
