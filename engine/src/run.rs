@@ -1,14 +1,16 @@
 //! The step loop of `flowrl run`: run directory, resume, metrics, checkpoints, progress, plots.
 //!
 //! Input: a compiled [`Graph`] and [`RunOptions`]; output: a [`RunSummary`] or the first error.
-//! A resumed run restores the newest checkpoint and continues at the following step; because every
-//! random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
+//! A resumed run restores the newest complete checkpoint ([`RunDir::resume_point`]: newer,
+//! incomplete ones are reported and passed over) and continues at the following step; because
+//! every random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
+//! A run killed before its first checkpoint resumes from step 1.
 
 use crate::device::device_list;
 use crate::graph::Graph;
 use crate::placement::Cluster;
 use crate::progress::{Progress, ProgressMode};
-use crate::rundir::{RUN_FILE, RunDir};
+use crate::rundir::{RUN_FILE, RunDir, write_atomic};
 use crate::session::Session;
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,8 @@ pub struct RunSummary {
     pub steps: u64,
     pub seconds: f64,
     pub plot: Option<PathBuf>,
+    /// Warnings printed on the way (checkpoints passed over on resume, ...).
+    pub warnings: Vec<String>,
 }
 
 /// Where a new run goes when `--out` is not given. Each process of a multi-process run writes
@@ -91,8 +95,9 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         Some(dir.path.clone()),
     )?;
     // Written once the graph has built, so that a failed build (a missing model directory, ...)
-    // leaves no "run" behind that would block the next attempt.
-    std::fs::write(dir.graph_file(), &session.graph.resolved)
+    // leaves no "run" behind that would block the next attempt; atomically, so that a kill
+    // leaves a graph `--resume` can compile.
+    write_atomic(&dir.graph_file(), session.graph.resolved.as_bytes())
         .with_context(|| format!("writing {}", dir.graph_file().display()))?;
     let run_info = serde_json::json!({
         "graph_file": opts.graph_file.as_ref().map(|p| p.display().to_string()),
@@ -103,27 +108,48 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         "steps": session.graph.run.steps,
         "seed": session.graph.run.seed,
     });
-    std::fs::write(
-        dir.path.join(RUN_FILE),
-        serde_json::to_string_pretty(&run_info)?,
+    write_atomic(
+        &dir.path.join(RUN_FILE),
+        serde_json::to_string_pretty(&run_info)?.as_bytes(),
     )?;
 
     let mut first = 0;
-    if opts.resume
-        && let Some((_, ckpt)) = dir.list_checkpoints().pop()
-    {
-        let state = session
-            .load_checkpoint(&ckpt)
-            .with_context(|| format!("restoring checkpoint {}", ckpt.display()))?;
-        first = state.completed_steps;
+    let mut warnings = Vec::new();
+    let mut resumed_from = None;
+    if opts.resume {
+        match dir.resume_point()? {
+            Some(point) => {
+                for w in &point.warnings {
+                    eprintln!("warning: {w}");
+                }
+                warnings.extend(point.warnings);
+                let state = session.load_checkpoint(&point.path)?;
+                first = state.completed_steps;
+                resumed_from = Some(point.path);
+            }
+            None => {
+                let w = format!(
+                    "{} holds no checkpoint yet: the run starts over at step 1",
+                    dir.path.display()
+                );
+                eprintln!("warning: {w}");
+                warnings.push(w);
+            }
+        }
     }
     let mut metrics = dir.metrics_writer(first)?;
     let mut progress = Progress::new(opts.progress, first, total);
-    if opts.resume {
+    if let Some(ckpt) = &resumed_from {
         progress.message(&format!(
-            "resuming {} at step {}/{total}",
+            "resuming {} at step {}/{total} from {}",
             dir.path.display(),
-            first + 1
+            first + 1,
+            ckpt.display()
+        ));
+    } else if opts.resume {
+        progress.message(&format!(
+            "resuming {} at step 1/{total}",
+            dir.path.display()
         ));
     } else {
         progress.message(&format!("run directory: {}", dir.path.display()));
@@ -141,7 +167,7 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         progress.step_done(&report);
         if every > 0 && ((step + 1) % every == 0 || step + 1 == total) {
             session.save_checkpoint(&dir.checkpoint(step + 1), step + 1)?;
-            dir.prune_checkpoints(keep)?;
+            dir.prune_checkpoints(keep, step + 1)?;
         }
     }
     progress.finish();
@@ -162,5 +188,6 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         steps: total,
         seconds: progress.elapsed().as_secs_f64(),
         plot: plot_path,
+        warnings,
     })
 }

@@ -5,10 +5,14 @@
 //!
 //! Checkpoint layout (`<dir>` is written as `.tmp-<name>` and renamed when complete):
 //! ```text
-//! <dir>/run_state.json          {"completed_steps": N, "seed": S}
+//! <dir>/run_state.json          {"completed_steps": N, "seed": S, "nodes": {name: kind}, "resources": {name: kind}}
 //! <dir>/nodes/<node>.json       each node's save_state
 //! <dir>/resources/<resource>/   each resource kind's save hook (a model writes a HF layout)
+//! <dir>/manifest.json           every other file's size and CRC-32, written last (see `rundir`)
 //! ```
+//! A restore first checks the checkpoint against the graph — same seed, same node and resource
+//! names and kinds (parameters may differ: a resume may change a learning rate or `--steps`), no
+//! state of a node or resource the graph lacks — and only then loads anything.
 
 use crate::context::BuildContext;
 use crate::device::{DeviceSpec, device_list};
@@ -16,9 +20,11 @@ use crate::graph::Graph;
 use crate::node::Node;
 use crate::placement::{Cluster, Placement};
 use crate::resource::Resources;
+use crate::rundir::{Manifest, RUN_STATE_FILE, read_small};
 use crate::scheduler::{self, Event, NodeReport, StepEnv, WorkerPool};
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,11 +39,82 @@ pub struct StepReport {
     pub nodes: Vec<NodeReport>,
 }
 
-/// The state saved in `run_state.json`.
+/// The state saved in `run_state.json`: how far the run got, and the graph it belongs to.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct RunState {
     pub completed_steps: u64,
     pub seed: u64,
+    /// The graph's nodes, name → kind (absent in checkpoints of a flowrl before manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<BTreeMap<String, String>>,
+    /// The graph's resources, name → kind (absent like `nodes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<BTreeMap<String, String>>,
+}
+
+impl RunState {
+    /// The state of `graph` after `completed_steps` steps.
+    pub fn of(graph: &Graph, completed_steps: u64) -> Self {
+        let (nodes, resources) = graph_summary(graph);
+        RunState {
+            completed_steps,
+            seed: graph.run.seed,
+            nodes: Some(nodes),
+            resources: Some(resources),
+        }
+    }
+
+    /// Parses the text of a `run_state.json`.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        serde_json::from_str(text).context("run_state.json is not valid")
+    }
+
+    /// How the graph this state was saved with differs from `graph` (names and kinds of nodes
+    /// and resources); empty when they agree or the state predates the summary.
+    pub fn graph_differences(&self, graph: &Graph) -> Vec<String> {
+        let (nodes, resources) = graph_summary(graph);
+        let mut out = Vec::new();
+        for (what, saved, now) in [
+            ("node", &self.nodes, nodes),
+            ("resource", &self.resources, resources),
+        ] {
+            let Some(saved) = saved else { continue };
+            for (name, kind) in saved {
+                match now.get(name) {
+                    None => out.push(format!(
+                        "{what} `{name}` (kind `{kind}`) is not in the graph"
+                    )),
+                    Some(k) if k != kind => out.push(format!(
+                        "{what} `{name}` has kind `{kind}` in the checkpoint, `{k}` in the graph"
+                    )),
+                    Some(_) => {}
+                }
+            }
+            for (name, kind) in &now {
+                if !saved.contains_key(name) {
+                    out.push(format!(
+                        "the graph's {what} `{name}` (kind `{kind}`) is not in the checkpoint"
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Node and resource names → kinds.
+fn graph_summary(graph: &Graph) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let nodes = graph
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.kind.name().to_string()))
+        .collect();
+    let resources = graph
+        .resources
+        .iter()
+        .map(|r| (r.name.clone(), r.kind.name().to_string()))
+        .collect();
+    (nodes, resources)
 }
 
 pub struct Session {
@@ -224,7 +301,7 @@ impl Session {
     }
 
     /// Writes a checkpoint after `completed_steps` steps into `dir` (atomically: a temporary
-    /// sibling is renamed into place).
+    /// sibling, its manifest written last and every file synced, is renamed into place).
     pub fn save_checkpoint(&self, dir: &Path, completed_steps: u64) -> anyhow::Result<()> {
         let name = dir
             .file_name()
@@ -233,17 +310,14 @@ impl Session {
             .to_string();
         let parent = dir.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent)?;
-        let tmp = parent.join(format!(".tmp-{name}"));
+        let tmp = parent.join(format!("{}{name}", crate::rundir::TMP_PREFIX));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp)?;
         }
         std::fs::create_dir_all(tmp.join("nodes"))?;
-        let state = RunState {
-            completed_steps,
-            seed: self.graph.run.seed,
-        };
+        let state = RunState::of(&self.graph, completed_steps);
         std::fs::write(
-            tmp.join("run_state.json"),
+            tmp.join(RUN_STATE_FILE),
             serde_json::to_string_pretty(&state)?,
         )?;
         for (i, n) in self.graph.nodes.iter().enumerate() {
@@ -268,26 +342,74 @@ impl Session {
                 .save(entry.value.as_ref(), &rdir)
                 .with_context(|| format!("saving {} resource `{name}`", entry.kind.name()))?;
         }
+        Manifest::write(&tmp)
+            .with_context(|| format!("writing the manifest of {}", tmp.display()))?;
         if dir.exists() {
             std::fs::remove_dir_all(dir)?;
         }
         std::fs::rename(&tmp, dir)
             .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+        // The rename itself is durable once the directory holding it is synced.
+        File::open(parent).and_then(|d| d.sync_all()).ok();
         Ok(())
     }
 
     /// Restores a checkpoint written by [`Session::save_checkpoint`]; returns its run state.
+    /// Everything is checked against the graph (see the module doc) and every node state parsed
+    /// before anything is loaded; the caller checks the files against the manifest
+    /// ([`crate::rundir::check_checkpoint`]).
     pub fn load_checkpoint(&mut self, dir: &Path) -> anyhow::Result<RunState> {
-        let text = std::fs::read_to_string(dir.join("run_state.json"))
-            .with_context(|| format!("reading {}", dir.join("run_state.json").display()))?;
-        let state: RunState = serde_json::from_str(&text)?;
+        self.restore(dir)
+            .with_context(|| format!("restoring checkpoint {}", dir.display()))
+    }
+
+    fn restore(&mut self, dir: &Path) -> anyhow::Result<RunState> {
+        let state = read_small(&dir.join(RUN_STATE_FILE)).and_then(|t| RunState::parse(&t))?;
         if state.seed != self.graph.run.seed {
             bail!(
-                "checkpoint {} was written with seed {}, but the graph has seed {}",
-                dir.display(),
+                "it was written with seed {}, but the graph has seed {}",
                 state.seed,
                 self.graph.run.seed
             );
+        }
+        let differences = state.graph_differences(&self.graph);
+        if !differences.is_empty() {
+            bail!(
+                "{RUN_STATE_FILE} belongs to another graph: {}",
+                differences.join("; ")
+            );
+        }
+        for entry in read_dir_if_any(&dir.join("resources"))? {
+            let file = entry.to_string_lossy().to_string();
+            ensure!(
+                self.resources.iter().any(|(name, _)| *name == file),
+                "resources/{file} holds the state of resource `{file}`, which the graph does not \
+                 have"
+            );
+        }
+        let mut node_states = Vec::new();
+        for entry in read_dir_if_any(&dir.join("nodes"))? {
+            let file = entry.to_string_lossy().to_string();
+            let node = file
+                .strip_suffix(".json")
+                .and_then(|name| self.graph.node_id(name));
+            let Some(i) = node else {
+                bail!(
+                    "nodes/{file} is not the state of a node of the graph (its nodes: {})",
+                    self.graph
+                        .nodes
+                        .iter()
+                        .map(|n| n.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            };
+            let path = dir.join("nodes").join(&file);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("nodes/{file} is not valid JSON"))?;
+            node_states.push((i, v));
         }
         for (name, entry) in self.resources.iter() {
             let rdir = dir.join("resources").join(name);
@@ -300,17 +422,30 @@ impl Session {
                     })?;
             }
         }
-        for (i, n) in self.graph.nodes.iter().enumerate() {
-            let f = dir.join("nodes").join(format!("{}.json", n.name));
-            if f.exists() {
-                let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f)?)?;
-                self.nodes[i]
-                    .as_mut()
-                    .expect("nodes are home between steps")
-                    .load_state(v)
-                    .with_context(|| format!("restoring the state of node `{}`", n.name))?;
-            }
+        node_states.sort_by_key(|(i, _)| *i);
+        for (i, v) in node_states {
+            self.nodes[i]
+                .as_mut()
+                .expect("nodes are home between steps")
+                .load_state(v)
+                .with_context(|| {
+                    format!("restoring the state of node `{}`", self.graph.nodes[i].name)
+                })?;
         }
         Ok(state)
     }
+}
+
+/// The names of a directory's entries, sorted; none when it does not exist.
+fn read_dir_if_any(dir: &Path) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut names = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading {}", dir.display()))?;
+    names.sort();
+    Ok(names)
 }

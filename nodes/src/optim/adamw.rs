@@ -23,8 +23,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use anyhow::{Context, Result, ensure};
-use burn::module::{AutodiffModule, ModuleMapper, Param};
+use anyhow::{Context, Result, bail, ensure};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -135,56 +135,152 @@ impl<B: AutodiffBackend> AdamW<B> {
         Ok(())
     }
 
-    /// Replaces the state by the one [`AdamW::save`] wrote to `path`.
-    pub fn load(
+    /// Replaces the state by the one [`AdamW::save`] wrote to `path`, after checking it against
+    /// `module`, the module it will update: every state names one of its parameters, with one
+    /// moment vector of that parameter's size each (`exp_avg`, `exp_avg_sq` ≥ 0, all finite) and
+    /// a step count ≥ 1; the file holds no other tensor. A file of another model, or a damaged
+    /// one, is refused naming the file and what differs.
+    pub fn load<M: Module<B>>(
         &mut self,
         path: &Path,
+        module: &M,
         device: &burn::tensor::Device<B::InnerBackend>,
     ) -> Result<()> {
         let bytes = std::fs::read(path)
             .with_context(|| format!("reading optimizer state {}", path.display()))?;
-        let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
-            .with_context(|| format!("parsing optimizer state {}", path.display()))?;
-        let meta = header.metadata().clone().unwrap_or_default();
-        let steps: BTreeMap<String, u64> = serde_json::from_str(
-            meta.get("steps")
-                .with_context(|| format!("{} has no `steps` metadata", path.display()))?,
-        )?;
-        if let Some(config) = meta.get("config") {
-            self.config = serde_json::from_str(config)?;
+        let (config, moments) = parse_state(&bytes, &param_shapes(module))
+            .with_context(|| format!("optimizer state {}", path.display()))?;
+        if let Some(config) = config {
+            self.config = config;
         }
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .with_context(|| format!("parsing optimizer state {}", path.display()))?;
-        let read = |name: &str| -> Result<Tensor<B::InnerBackend, 1>> {
+        self.state = moments
+            .into_iter()
+            .map(|(key, (step, exp_avg, exp_avg_sq))| {
+                let tensor = |v: Vec<f32>| {
+                    let n = v.len();
+                    Tensor::from_data(TensorData::new(v, [n]), device)
+                };
+                let m = Moments {
+                    step,
+                    exp_avg: tensor(exp_avg),
+                    exp_avg_sq: tensor(exp_avg_sq),
+                };
+                (key, m)
+            })
+            .collect();
+        Ok(())
+    }
+}
+
+/// The moments of one parameter as read from a file: step count, `exp_avg`, `exp_avg_sq`.
+type StoredMoments = (u64, Vec<f32>, Vec<f32>);
+
+/// The float parameters of `module`: module path (the key of [`AdamW`]'s state) → shape.
+pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> BTreeMap<String, Vec<usize>> {
+    struct Shapes {
+        path: Vec<String>,
+        out: BTreeMap<String, Vec<usize>>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Shapes {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.out
+                .insert(self.path.join("."), param.val().dims().to_vec());
+        }
+    }
+    let mut v = Shapes {
+        path: Vec::new(),
+        out: BTreeMap::new(),
+    };
+    module.visit(&mut v);
+    v.out
+}
+
+/// Parses the bytes of an optimizer state file ([`AdamW::save`]) and checks it against the
+/// parameter shapes of the module it belongs to (see [`AdamW::load`]).
+pub fn parse_state(
+    bytes: &[u8],
+    shapes: &BTreeMap<String, Vec<usize>>,
+) -> Result<(Option<AdamWConfig>, BTreeMap<String, StoredMoments>)> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| anyhow::anyhow!("not a safetensors file: {e}"))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| anyhow::anyhow!("not a safetensors file: {e}"))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    let steps: BTreeMap<String, u64> = serde_json::from_str(
+        meta.get("steps")
+            .context("the header has no `steps` metadata")?,
+    )
+    .context("the header's `steps` metadata is not a map of step counts")?;
+    let config: Option<AdamWConfig> = meta
+        .get("config")
+        .map(|c| serde_json::from_str(c))
+        .transpose()
+        .context("the header's `config` metadata is not an AdamW configuration")?;
+    let mut expected_tensors = std::collections::BTreeSet::new();
+    let mut out = BTreeMap::new();
+    for (key, step) in steps {
+        let Some(shape) = shapes.get(&key) else {
+            bail!(
+                "it holds moments of parameter `{key}`, which the model does not have \
+                 (the state of another model?)"
+            );
+        };
+        let numel: usize = shape.iter().product();
+        ensure!(
+            (1..=i32::MAX as u64).contains(&step),
+            "parameter `{key}` has step count {step}"
+        );
+        let read = |suffix: &str| -> Result<Vec<f32>> {
+            let name = format!("{key}.{suffix}");
             let view = st
-                .tensor(name)
-                .with_context(|| format!("{} lacks tensor `{name}`", path.display()))?;
+                .tensor(&name)
+                .with_context(|| format!("tensor `{name}` is missing"))?;
             ensure!(
                 view.dtype() == safetensors::Dtype::F32,
-                "`{name}` is not F32"
+                "tensor `{name}` is {:?}, not F32",
+                view.dtype()
+            );
+            ensure!(
+                view.shape() == [numel],
+                "tensor `{name}` has shape {:?}, the model's parameter {shape:?} needs [{numel}]",
+                view.shape()
             );
             let values: Vec<f32> = view
                 .data()
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
-            let n = values.len();
-            Ok(Tensor::from_data(TensorData::new(values, [n]), device))
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                bail!("tensor `{name}` holds {} at index {i}", values[i]);
+            }
+            Ok(values)
         };
-        let mut state = HashMap::new();
-        for (key, step) in steps {
-            state.insert(
-                key.clone(),
-                Moments {
-                    step,
-                    exp_avg: read(&format!("{key}.exp_avg"))?,
-                    exp_avg_sq: read(&format!("{key}.exp_avg_sq"))?,
-                },
+        let exp_avg = read("exp_avg")?;
+        let exp_avg_sq = read("exp_avg_sq")?;
+        if let Some(i) = exp_avg_sq.iter().position(|v| *v < 0.0) {
+            bail!(
+                "tensor `{key}.exp_avg_sq` holds {} at index {i} (a second moment is never negative)",
+                exp_avg_sq[i]
             );
         }
-        self.state = state;
-        Ok(())
+        expected_tensors.insert(format!("{key}.exp_avg"));
+        expected_tensors.insert(format!("{key}.exp_avg_sq"));
+        out.insert(key, (step, exp_avg, exp_avg_sq));
     }
+    if let Some(extra) = st
+        .names()
+        .into_iter()
+        .find(|n| !expected_tensors.contains(*n))
+    {
+        bail!("tensor `{extra}` belongs to no parameter of the `steps` metadata");
+    }
+    Ok((config, out))
 }
 
 struct StepMapper<'a, B: AutodiffBackend> {
@@ -263,7 +359,6 @@ impl<B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::module::Module;
     use burn::nn::{Linear, LinearConfig};
     use burn::tensor::backend::AutodiffBackend;
 
@@ -370,7 +465,9 @@ mod tests {
         let record = <Net<AB> as Module<AB>>::into_record(model.clone());
         let mut reloaded = <Net<AB> as Module<AB>>::load_record(net(), record);
         let mut restored = AdamW::<AB>::new(AdamWConfig { eps: 1.0, ..c });
-        restored.load(&file, &Default::default()).unwrap();
+        restored
+            .load(&file, &reloaded, &Default::default())
+            .unwrap();
         assert_eq!(restored.config, c);
 
         let g1 = grads_of(&model, 1.0);
@@ -386,5 +483,53 @@ mod tests {
             values(reloaded.b.bias.unwrap().val())
         );
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[derive(Module, Debug)]
+    struct Wider<B: Backend> {
+        a: Linear<B>,
+        b: Linear<B>,
+    }
+
+    #[test]
+    fn state_of_another_model_is_refused_naming_the_parameter() {
+        let mut model = net();
+        let mut opt = AdamW::<AB>::new(AdamWConfig::default());
+        let grads = grads_of(&model, 1.0);
+        model = opt.step(0.01, model, grads);
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("optimizer.safetensors");
+        opt.save(&file).unwrap();
+        let device = Default::default();
+        let err = |m: &dyn Fn(&mut AdamW<AB>) -> Result<()>| {
+            let mut o = AdamW::<AB>::new(AdamWConfig::default());
+            format!("{:#}", m(&mut o).unwrap_err())
+        };
+        // Other shapes: a is 4 → 2 instead of 3 → 2.
+        let wider = Wider::<AB> {
+            a: LinearConfig::new(4, 2).init(&device),
+            b: LinearConfig::new(2, 1).init(&device),
+        };
+        let e = err(&|o| o.load(&file, &wider, &device));
+        assert!(
+            e.ends_with(
+                "optimizer.safetensors: tensor `a.weight.exp_avg` has shape [6], the model's \
+                 parameter [4, 2] needs [8]"
+            ),
+            "{e}"
+        );
+        // Fewer parameters: only `a`.
+        let e = err(&|o| o.load(&file, &model.a, &device));
+        assert!(
+            e.ends_with(
+                "it holds moments of parameter `a.bias`, which the model does not have (the \
+                 state of another model?)"
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            param_shapes(&model).keys().collect::<Vec<_>>(),
+            ["a.bias", "a.weight", "b.bias", "b.weight"]
+        );
     }
 }
