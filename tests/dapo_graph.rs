@@ -77,8 +77,11 @@ impl Node for ParityNode {
     }
 }
 
+/// Per step: (uid, acc) of every response the probe saw.
+type Seen = Arc<Mutex<Vec<Vec<(String, f32)>>>>;
+
 /// Records the uids and `acc` values of the scores the update's advantage estimator receives.
-struct Probe(Arc<Mutex<Vec<Vec<(String, f32)>>>>);
+struct Probe(Seen);
 impl NodeKind for Probe {
     fn name(&self) -> &str {
         "test.probe"
@@ -99,7 +102,7 @@ impl NodeKind for Probe {
         Ok(Box::new(ProbeNode(self.0.clone())))
     }
 }
-struct ProbeNode(Arc<Mutex<Vec<Vec<(String, f32)>>>>);
+struct ProbeNode(Seen);
 impl Node for ProbeNode {
     fn run(&mut self, inputs: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
         let s = inputs.get_arc::<ScoreBatch>("scores")?;

@@ -20,7 +20,10 @@ fn png() -> Vec<u8> {
 }
 
 /// Rows of (prompt content, image bytes, ground truth).
-fn write(path: &Path, rows: &[(&str, Vec<Vec<u8>>, Option<&str>)]) {
+/// One row: prompt text, image bytes, optional data source.
+type Row<'a> = (&'a str, Vec<Vec<u8>>, Option<&'a str>);
+
+fn write(path: &Path, rows: &[Row<'_>]) {
     let mf = Fields::from(vec![
         Field::new("role", DataType::Utf8, true),
         Field::new("content", DataType::Utf8, true),

@@ -276,7 +276,8 @@ fn edit_bytes(f: &mut Vec<u8>, e: &ByteEdit) {
 
 /// The tiny model saved in three or more shards (once per test binary).
 fn sharded() -> &'static (Value, Vec<(String, Vec<u8>)>) {
-    static S: OnceLock<(Value, Vec<(String, Vec<u8>)>)> = OnceLock::new();
+    type HeaderAndTensors = (Value, Vec<(String, Vec<u8>)>);
+    static S: OnceLock<HeaderAndTensors> = OnceLock::new();
     S.get_or_init(|| {
         let model = Model::<Flex>::load(&tiny(), &Default::default()).unwrap();
         let tmp = tempfile::tempdir().unwrap();
