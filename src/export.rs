@@ -18,6 +18,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
+use flowrl_engine::rundir::{Integrity, check_checkpoint};
 use flowrl_models::Model;
 use flowrl_models::lora::{AdapterInit, read_peft_adapter};
 use flowrl_models::model::copy_side_files;
@@ -29,7 +30,7 @@ use flowrl_nodes::backend::HostBackend;
 pub struct ExportArgs {
     /// A run directory (`flowrl run --out DIR`), holding graph.toml and checkpoints/.
     pub run_dir: PathBuf,
-    /// The checkpoint's step (default: the newest checkpoint).
+    /// The checkpoint's step (default: the newest complete checkpoint).
     #[arg(long)]
     pub step: Option<u64>,
     /// The model resource to export (default: the only trained model of the checkpoint).
@@ -64,7 +65,9 @@ pub fn run(args: &ExportArgs) -> ExitCode {
     }
 }
 
-/// The checkpoint directory of `step`, or the newest one.
+/// The checkpoint directory of `step`, or the newest complete one. Checkpoints are checked
+/// against their manifest as `--resume` does: incomplete newer checkpoints are passed over with a
+/// warning saying why, an incomplete requested one is an error.
 fn checkpoint_dir(run_dir: &Path, step: Option<u64>) -> Result<PathBuf> {
     let root = run_dir.join("checkpoints");
     let mut steps: Vec<u64> = std::fs::read_dir(&root)
@@ -84,10 +87,39 @@ fn checkpoint_dir(run_dir: &Path, step: Option<u64>) -> Result<PathBuf> {
         })
         .collect();
     steps.sort_unstable();
-    let Some(&newest) = steps.last() else {
+    if steps.is_empty() {
         bail!("{} holds no checkpoint", root.display());
+    }
+    let Some(step) = step else {
+        let mut passed = Vec::new();
+        for &n in steps.iter().rev() {
+            let dir = root.join(format!("step_{n:06}"));
+            match check_checkpoint(&dir, true) {
+                Integrity::Incomplete(why) => {
+                    passed.push(format!("step_{n:06} is incomplete ({why})"))
+                }
+                integrity => {
+                    if !passed.is_empty() {
+                        eprintln!(
+                            "warning: checkpoint {}: exporting step_{n:06}",
+                            passed.join("; ")
+                        );
+                    }
+                    if matches!(integrity, Integrity::Unverified) {
+                        eprintln!(
+                            "warning: step_{n:06} has no manifest.json (written by a flowrl before checkpoint manifests): its files cannot be verified"
+                        );
+                    }
+                    return Ok(dir);
+                }
+            }
+        }
+        bail!(
+            "{} holds no complete checkpoint: {}",
+            root.display(),
+            passed.join("; ")
+        );
     };
-    let step = step.unwrap_or(newest);
     ensure!(
         steps.contains(&step),
         "{} has no checkpoint of step {step}; it has steps {}",
@@ -98,7 +130,17 @@ fn checkpoint_dir(run_dir: &Path, step: Option<u64>) -> Result<PathBuf> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    Ok(root.join(format!("step_{step:06}")))
+    let dir = root.join(format!("step_{step:06}"));
+    match check_checkpoint(&dir, true) {
+        Integrity::Complete => {}
+        Integrity::Unverified => eprintln!(
+            "warning: {} has no manifest.json (written by a flowrl before checkpoint manifests): \
+             its files cannot be verified",
+            dir.display()
+        ),
+        Integrity::Incomplete(why) => bail!("checkpoint {} is incomplete ({why})", dir.display()),
+    }
+    Ok(dir)
 }
 
 /// The trained model resources of a checkpoint: names with `model/` or `adapter/`.
