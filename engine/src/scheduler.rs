@@ -85,15 +85,16 @@ pub(crate) fn run_caught(
     inputs: &Inputs,
     ctx: &mut StepContext,
 ) -> anyhow::Result<Outputs> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.run(inputs, ctx)))
-        .unwrap_or_else(|p| {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.run(inputs, ctx))).unwrap_or_else(
+        |p| {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
             Err(panic_error(&msg, ctx.device()))
-        })
+        },
+    )
 }
 
 /// The error of a node that panicked on `device`. GPU backends panic when an allocation fails

@@ -295,7 +295,10 @@ fn node_metric(r: &StepReport, node: &str, key: &str) -> f64 {
 
 #[test]
 fn a_failing_repeated_node_names_itself_its_run_and_its_loop() {
-    let g = compile_ok(&LOOP.replace("kind = \"test.add\"\ninputs = { a = \"counter.n\", b = \"counter.n\" }", "kind = \"test.boom\"\ninputs = { a = \"counter.n\" }"));
+    let g = compile_ok(&LOOP.replace(
+        "kind = \"test.add\"\ninputs = { a = \"counter.n\", b = \"counter.n\" }",
+        "kind = \"test.boom\"\ninputs = { a = \"counter.n\" }",
+    ));
     let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
     let e = format!("{:#}", s.run_step(0, &mut |_| {}).unwrap_err());
     assert_has(
