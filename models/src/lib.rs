@@ -16,6 +16,7 @@
 
 pub mod capabilities;
 pub mod checkpoint;
+pub mod config_checks;
 pub mod gemma4;
 pub mod generate;
 pub mod image;

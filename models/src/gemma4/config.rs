@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
+
+use crate::config_checks::{MAX_COUNT, MAX_PATCH, MAX_WIDTH, ensure_at_most, ensure_positive};
 use serde::{Deserialize, Serialize};
 
 /// The whole `config.json` of a `Gemma4ForConditionalGeneration` checkpoint.
@@ -355,13 +357,6 @@ impl TextConfig {
     }
 }
 
-/// Largest accepted width of a tensor dimension (vocabulary, hidden, MLP and head sizes): 2^26.
-pub const MAX_WIDTH: usize = 1 << 26;
-/// Largest accepted count of layers or heads.
-pub const MAX_COUNT: usize = 1 << 12;
-/// Largest accepted patch side or pooling window.
-pub const MAX_PATCH: usize = 1 << 10;
-
 /// Zero and implausibly large sizes, each error naming its key: a mistyped size is reported
 /// instead of building (or allocating) what it claims.
 fn check_sizes(c: &Gemma4Config) -> Result<()> {
@@ -437,11 +432,8 @@ fn check_sizes(c: &Gemma4Config) -> Result<()> {
         }
     }
     for (key, value, max) in sizes {
-        ensure!(value > 0, "{key} must be at least 1 (got 0)");
-        ensure!(
-            value <= max,
-            "{key} = {value} is implausibly large (at most {max})"
-        );
+        ensure_positive("", &[(key, value)])?;
+        ensure_at_most("", &[(key, value, max)])?;
     }
     for (layer, o) in &t.per_layer_config {
         for (key, value) in [

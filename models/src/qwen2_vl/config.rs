@@ -7,6 +7,8 @@
 //! Qwen2.5-VL `hidden_size` (ViT width) / `out_hidden_size` (merger output).
 
 use anyhow::{Context, Result, bail, ensure};
+
+use crate::config_checks::{MAX_COUNT, MAX_PATCH, MAX_WIDTH, ensure_at_most, ensure_positive};
 use serde_json::Value;
 
 /// Which of the two families (they differ only in the vision tower).
@@ -295,13 +297,6 @@ impl QwenVlConfig {
     }
 }
 
-/// Largest accepted width of a tensor dimension (vocabulary, hidden and MLP sizes): 2^26.
-pub const MAX_WIDTH: usize = 1 << 26;
-/// Largest accepted count of layers or heads.
-pub const MAX_COUNT: usize = 1 << 12;
-/// Largest accepted patch side, temporal patch, merge size or channel count.
-pub const MAX_PATCH: usize = 1 << 10;
-
 /// Impossible values, each error naming its key: zero sizes and counts, head counts that do not
 /// divide, implausibly large sizes, odd rotary widths, vision windows that are not whole merged
 /// patches, full-attention blocks past the depth, non-positive epsilons and RoPE bases.
@@ -326,9 +321,7 @@ fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
         ("vision_config temporal_patch_size", v.temporal_patch_size),
         ("vision_config spatial_merge_size", v.spatial_merge_size),
     ];
-    for (key, value) in positive {
-        ensure!(value > 0, "config.json: {key} must be at least 1 (got 0)");
-    }
+    ensure_positive("config.json: ", &positive)?;
     // Upper bounds far above any real checkpoint, so that a mistyped size is an error naming
     // its key rather than a build that allocates (or loops over) what it claims.
     let bounded = [
@@ -365,12 +358,7 @@ fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
         ),
         ("vision_config window_size", v.window_size, MAX_WIDTH),
     ];
-    for (key, value, max) in bounded {
-        ensure!(
-            value <= max,
-            "config.json: {key} = {value} is implausibly large (at most {max})"
-        );
-    }
+    ensure_at_most("config.json: ", &bounded)?;
     ensure!(
         t.num_heads.is_multiple_of(t.num_kv_heads),
         "config.json: text num_attention_heads {} is not a multiple of num_key_value_heads {}",

@@ -15,6 +15,8 @@
 //! transformers 5.24 always interleaves.
 
 use anyhow::{Context, Result, bail, ensure};
+
+use crate::config_checks::{MAX_COUNT, MAX_PATCH, MAX_WIDTH, ensure_at_most, ensure_positive};
 use serde_json::Value;
 
 /// Text decoder settings (`text_config`).
@@ -287,14 +289,6 @@ fn vision_config(v: &Value) -> Result<VisionConfig> {
     })
 }
 
-/// Largest accepted width of a tensor dimension (vocabulary, hidden and MLP sizes, position
-/// grid rows): 2^26 (the same bounds as Qwen2-VL's config).
-const MAX_WIDTH: usize = 1 << 26;
-/// Largest accepted count of layers or heads.
-const MAX_COUNT: usize = 1 << 12;
-/// Largest accepted patch side, temporal patch, merge size or channel count.
-const MAX_PATCH: usize = 1 << 10;
-
 /// Impossible values, each error naming its key: zero sizes and counts, implausibly large sizes,
 /// head counts that do not divide, rotary widths that do not split, a position grid that is not
 /// a square, DeepStack blocks past the depth or repeated, a merger width that is not the text
@@ -327,9 +321,7 @@ fn check_values(c: &Qwen3VlConfig) -> Result<()> {
             v.num_position_embeddings,
         ),
     ];
-    for (key, value) in positive {
-        ensure!(value > 0, "config.json: {key} must be at least 1 (got 0)");
-    }
+    ensure_positive("config.json: ", &positive)?;
     // Upper bounds far above any real checkpoint, so that a mistyped size is an error naming its
     // key rather than a build that allocates (or loops over) what it claims.
     let bounded = [
@@ -376,12 +368,7 @@ fn check_values(c: &Qwen3VlConfig) -> Result<()> {
             MAX_WIDTH,
         ),
     ];
-    for (key, value, max) in bounded {
-        ensure!(
-            value <= max,
-            "config.json: {key} = {value} is implausibly large (at most {max})"
-        );
-    }
+    ensure_at_most("config.json: ", &bounded)?;
     ensure!(
         t.num_heads.is_multiple_of(t.num_kv_heads),
         "config.json: text_config num_attention_heads {} is not a multiple of num_key_value_heads {}",
