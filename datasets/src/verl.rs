@@ -671,6 +671,25 @@ impl BatchColumns<'_> {
         let cols = &self.options.columns;
         let path = self.path;
         let err = |col: &str, msg: String| DataError::cell(path, row, col, msg);
+        // A row whose placeholders and pictures do not match: skipped, or an error that says how
+        // to skip such rows.
+        let mismatch = |reason: String| {
+            if self.options.skip_mismatched_rows {
+                Ok(RowOutcome::Skipped(SkippedRow {
+                    source: RowRef {
+                        file: path.to_path_buf(),
+                        row,
+                    },
+                    reason,
+                }))
+            } else {
+                Err(DataError::row(
+                    path,
+                    row,
+                    format!("{reason} (set skip_mismatched_rows to drop such rows)"),
+                ))
+            }
+        };
 
         // Messages.
         let pk = cols.prompt_key.as_str();
@@ -737,20 +756,7 @@ impl BatchColumns<'_> {
                     "{n} `<video>` placeholder(s) in `{pk}` but {} video(s) in `{vk}`",
                     videos.len()
                 );
-                if self.options.skip_mismatched_rows {
-                    return Ok(RowOutcome::Skipped(SkippedRow {
-                        source: RowRef {
-                            file: path.to_path_buf(),
-                            row,
-                        },
-                        reason,
-                    }));
-                }
-                return Err(DataError::row(
-                    path,
-                    row,
-                    format!("{reason} (set skip_mismatched_rows to drop such rows)"),
-                ));
+                return mismatch(reason);
             }
             if self.options.check_images {
                 for (v, video) in videos.iter().enumerate() {
@@ -768,20 +774,7 @@ impl BatchColumns<'_> {
                 images.len(),
                 cols.image_key.as_deref().unwrap_or_default()
             );
-            if self.options.skip_mismatched_rows {
-                return Ok(RowOutcome::Skipped(SkippedRow {
-                    source: RowRef {
-                        file: path.to_path_buf(),
-                        row,
-                    },
-                    reason,
-                }));
-            }
-            return Err(DataError::row(
-                path,
-                row,
-                format!("{reason} (set skip_mismatched_rows to drop such rows)"),
-            ));
+            return mismatch(reason);
         }
         if self.options.check_images {
             let ik = cols.image_key.as_deref().unwrap_or_default();
