@@ -214,7 +214,8 @@ pub fn compile_for(
     let edges = c.check_wiring(&nodes);
     // Stage 6: repeats and cycles.
     let repeated_by = c.check_repeats(&nodes, &edges);
-    let order = c.check_cycles(&nodes, &edges, &repeated_by);
+    let dependencies = crate::repeat::dependencies(&edges, &repeated_by);
+    let order = c.check_cycles(&nodes, &edges, &repeated_by, &dependencies);
 
     if c.diags.iter().any(Diagnostic::is_error) {
         return fail(c.diags, sources);
@@ -279,6 +280,7 @@ pub fn compile_for(
         devices: run_devices.expect("run devices checked"),
         world: target.world.max(1),
         order,
+        dependencies,
         dag,
         sources,
         resolved,
@@ -1519,10 +1521,10 @@ impl Compiler<'_> {
         nodes: &[NodeDraft<'_>],
         edges: &[Vec<Edge>],
         repeated_by: &[Option<usize>],
+        deps: &[Vec<usize>],
     ) -> Option<Vec<usize>> {
         // The order follows the step's dependencies (a repeated node's value exists once its
         // loop node is done); a loop node's arguments to its repeated nodes are no edge.
-        let deps = crate::repeat::dependencies(edges, repeated_by);
         let mut g = DiGraph::<usize, ()>::new();
         let ix: Vec<_> = (0..nodes.len()).map(|i| g.add_node(i)).collect();
         for (to, d) in deps.iter().enumerate() {

@@ -125,6 +125,8 @@ pub struct Graph {
     pub world: usize,
     /// Nodes in a topological order.
     pub order: Vec<NodeId>,
+    /// The nodes each node waits for in a step (see [`crate::repeat`]'s rules), by node.
+    pub dependencies: Vec<Vec<NodeId>>,
     pub dag: petgraph::graph::DiGraph<NodeId, ()>,
     pub sources: SourceMap,
     /// The graph file with overrides applied, as TOML (saved in the run directory).
@@ -134,13 +136,6 @@ pub struct Graph {
 impl Graph {
     pub fn node_id(&self, name: &str) -> Option<NodeId> {
         self.nodes.iter().position(|n| n.name == name)
-    }
-
-    /// The nodes each node waits for in a step (see [`crate::repeat`]'s rules).
-    pub fn dependencies(&self) -> Vec<Vec<NodeId>> {
-        let edges: Vec<Vec<Edge>> = self.nodes.iter().map(|n| n.inputs.clone()).collect();
-        let by: Vec<Option<NodeId>> = self.nodes.iter().map(|n| n.repeated_by).collect();
-        crate::repeat::dependencies(&edges, &by)
     }
 
     /// Node `id`'s devices in this process (see [`GraphNode::devices`]).

@@ -163,9 +163,9 @@ pub fn run_step(
     let repeated = |i: NodeId| graph.nodes[i].repeated_by.is_some();
     // Repeated nodes are run by their loop node, never dispatched here.
     let deps: Vec<Vec<NodeId>> = graph
-        .dependencies()
-        .into_iter()
-        .map(|d| d.into_iter().filter(|&p| !repeated(p)).collect())
+        .dependencies
+        .iter()
+        .map(|d| d.iter().copied().filter(|&p| !repeated(p)).collect())
         .collect();
     let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
     let mut consumers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
