@@ -14,7 +14,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use flowrl_models::capabilities::mask_tensor;
-use flowrl_models::{Model, PaddedBatch, ProcessedImage};
+use flowrl_models::{KvCache, Model, PaddedBatch, PositionIds, ProcessedImage};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -103,6 +103,33 @@ fn prompts(batch: usize, len: usize, vocab: usize, image_tokens: usize) -> Padde
     PaddedBatch::left_pad(&rows, 0)
 }
 
+/// Final-normed hidden states of the prompt batch with its images (embeddings, then the
+/// decoder at `positions`), filling `cache` when given.
+fn prompt_hidden<B: Backend>(
+    model: &Model<B>,
+    batch_ids: &PaddedBatch,
+    images: &[ProcessedImage],
+    positions: &PositionIds,
+    device: &B::Device,
+    cache: Option<&mut KvCache<B>>,
+) -> Tensor<B, 3> {
+    let embeds = model
+        .input_embeddings(batch_ids, images, device)
+        .expect("embeddings");
+    model.causal_lm().forward_hidden(
+        batch_ids.ids_tensor(device),
+        embeds,
+        positions.tensor(device),
+        batch_ids.mask_tensor(device),
+        cache,
+    )
+}
+
+/// A result row: the stage, tokens/s over `secs`, `secs` and the peak RSS so far.
+fn row(stage: String, tokens: usize, secs: f64) -> (String, f64, f64, f64) {
+    (stage, tokens as f64 / secs, secs, peak_rss_mib())
+}
+
 fn main() {
     let batch = env("BENCH_BATCH", 8);
     let prompt = env("BENCH_PROMPT", 256);
@@ -128,16 +155,7 @@ fn main() {
         let pos = model.position_ids(&batch_ids, &images).expect("positions");
         let t0 = Instant::now();
         let mut cache = lm.new_cache();
-        let embeds = model
-            .input_embeddings(&batch_ids, &images, &device)
-            .expect("embeddings");
-        let h = lm.forward_hidden(
-            batch_ids.ids_tensor(&device),
-            embeds,
-            pos.tensor(&device),
-            batch_ids.mask_tensor(&device),
-            Some(&mut cache),
-        );
+        let h = prompt_hidden(&model, &batch_ids, &images, &pos, &device, Some(&mut cache));
         let logits = lm.lm_head(h.narrow(1, prompt - 1, 1));
         let mut next: Vec<i64> = logits
             .argmax(2)
@@ -146,11 +164,10 @@ fn main() {
             .into_vec()
             .expect("ids");
         let prefill = t0.elapsed().as_secs_f64();
-        rows.push((
+        rows.push(row(
             "prefill (vision + text, KV cache filled)".into(),
-            (batch * prompt) as f64 / prefill,
+            batch * prompt,
             prefill,
-            peak_rss_mib(),
         ));
 
         let real = batch_ids.real_lengths();
@@ -185,11 +202,10 @@ fn main() {
                 .expect("ids");
         }
         let dec = t1.elapsed().as_secs_f64();
-        rows.push((
+        rows.push(row(
             format!("decode ({decode} one-token steps, KV cache)"),
-            (batch * decode) as f64 / dec,
+            batch * decode,
             dec,
-            peak_rss_mib(),
         ));
     }
 
@@ -200,27 +216,17 @@ fn main() {
         let lm = model.causal_lm();
         let pos = model.position_ids(&batch_ids, &images).expect("positions");
         let t0 = Instant::now();
-        let embeds = model
-            .input_embeddings(&batch_ids, &images, &device)
-            .expect("embeddings");
-        let h = lm.forward_hidden(
-            batch_ids.ids_tensor(&device),
-            embeds,
-            pos.tensor(&device),
-            batch_ids.mask_tensor(&device),
-            None,
-        );
+        let h = prompt_hidden(&model, &batch_ids, &images, &pos, &device, None);
         let ids = batch_ids.ids_tensor::<AD>(&device);
         let logits = lm.lm_head(h.narrow(1, 0, prompt - 1));
         let lp = log_softmax(logits, 2).gather(2, ids.narrow(1, 1, prompt - 1).unsqueeze_dim(2));
         let loss = lp.mean().neg();
         let _grads = loss.backward();
         let fb = t0.elapsed().as_secs_f64();
-        rows.push((
+        rows.push(row(
             "forward + backward (all positions)".into(),
-            (batch * prompt) as f64 / fb,
+            batch * prompt,
             fb,
-            peak_rss_mib(),
         ));
     }
 

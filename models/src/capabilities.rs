@@ -404,6 +404,68 @@ pub trait Vision<B: Backend> {
     fn embed_images(&self, images: &[ProcessedImage], device: &B::Device) -> Result<Tensor<B, 2>>;
 }
 
+/// The input embeddings `[batch, len, hidden·(1 + K)]` of a token batch with its images: the
+/// one place that prepares them, for [`crate::Model::input_embeddings`] (log-probs, training
+/// sequences, checks), [`crate::Model::input_embeddings_shared`] and generation's prefill
+/// ([`crate::generate::generate`]).
+///
+/// Token embeddings ([`CausalLm::embed_tokens`]) with the image embeddings
+/// ([`Vision::embed_images`], DeepStack blocks included) scattered into the vision-token
+/// positions ([`scatter_image_embeddings`]). With `first` (see
+/// [`crate::Model::input_embeddings_shared`]) the tower runs once per distinct image and the
+/// distinct images' rows are gathered into image order (a repeated image gets the same values;
+/// in the backward its rows' gradients are summed before the tower's). Without images the
+/// token embeddings are returned as they are; callers decide whether vision tokens without
+/// images are an error.
+pub fn embed_inputs<B: Backend>(
+    lm: &dyn CausalLm<B>,
+    vision: Option<&dyn Vision<B>>,
+    tokens: &PaddedBatch,
+    images: &[ProcessedImage],
+    first: Option<&[usize]>,
+    device: &B::Device,
+) -> Result<Tensor<B, 3>> {
+    tokens.validate()?;
+    let text = lm.embed_tokens(tokens.ids_tensor(device));
+    if images.is_empty() {
+        return Ok(text);
+    }
+    let Some(vision) = vision else {
+        bail!(
+            "the prompts carry {} images but the model has no vision capability",
+            images.len()
+        );
+    };
+    let image_embeds = match first {
+        Some(first) if first.iter().enumerate().any(|(i, &f)| f != i) => {
+            let mut offset = vec![0usize; images.len()];
+            let mut distinct = Vec::new();
+            let mut next = 0;
+            for (i, image) in images.iter().enumerate() {
+                if first[i] == i {
+                    offset[i] = next;
+                    next += image.num_tokens;
+                    distinct.push(image.clone());
+                }
+            }
+            let distinct_embeds = vision.embed_images(&distinct, device)?;
+            let rows: Vec<i64> = images
+                .iter()
+                .enumerate()
+                .flat_map(|(i, image)| {
+                    let o = offset[first[i]];
+                    (o..o + image.num_tokens).map(|r| r as i64)
+                })
+                .collect();
+            let n = rows.len();
+            let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), device);
+            distinct_embeds.select(0, index)
+        }
+        _ => vision.embed_images(images, device)?,
+    };
+    scatter_image_embeddings(text, &tokens.ids, &vision.vision_token_ids(), image_embeds)
+}
+
 /// Replaces the embeddings at the positions where `ids` holds one of `token_ids` (the vision
 /// tokens, [`Vision::vision_token_ids`]; row-major over `[batch, len]`) by the rows of
 /// `image_embeds`, in order. Differentiable in both inputs

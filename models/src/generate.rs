@@ -8,8 +8,11 @@
 //!    positions from the mask; one forward pass fills the KV cache and gives the logits of the
 //!    last prompt position;
 //! 2. **decode**: one token per step for the rows still running: its embedding, its position
-//!    (`real tokens so far + rope delta` on every stream), the mask grown by one, the cache
-//!    extended by one; the prompt is never recomputed. Finished rows are dropped from the cache.
+//!    (`real tokens so far + rope delta` on every stream), the mask grown by one, its keys and
+//!    values written into the cache (reserved after the prefill at its final length, so no step
+//!    copies it); the prompt is never recomputed. Finished rows are dropped from the cache and
+//!    from the batch (their RNGs are not drawn from again, the other rows' streams are
+//!    unchanged).
 //!
 //! A row finishes at an EOS token of the model, at one of the extra stop tokens, or after
 //! `max_new_tokens`; the stop token is kept in the response (verl keeps the EOS in the response
@@ -31,7 +34,7 @@ use rayon::prelude::*;
 
 use crate::capabilities::{
     CausalLm, KvCache, MultimodalPositions, PaddedBatch, PositionIds, ProcessedImage, Vision,
-    plain_positions, scatter_image_embeddings,
+    embed_inputs, plain_positions,
 };
 use crate::sampling::{SamplingConfig, sample};
 
@@ -145,25 +148,8 @@ pub fn generate<B: Backend, R: Rng + Send>(
 
     // Prefill.
     let prompt_ids = padded.ids_tensor::<B>(device);
-    let mut embeds = lm.embed_tokens(prompt_ids.clone());
-    match model.vision {
-        // Text-only prompts leave the vision tower out (it cannot run on zero images).
-        Some(_) if images.is_empty() => {}
-        Some(vision) => {
-            let image_embeds = vision.embed_images(&images, device)?;
-            embeds = scatter_image_embeddings(
-                embeds,
-                &padded.ids,
-                &vision.vision_token_ids(),
-                image_embeds,
-            )?;
-        }
-        None => ensure!(
-            images.is_empty(),
-            "the prompts carry {} images but the model has no vision capability",
-            images.len()
-        ),
-    }
+    // Text-only prompts leave the vision tower out (it cannot run on zero images).
+    let embeds = embed_inputs(lm, model.vision, &padded, &images, None, device)?;
     let mut cache: KvCache<B> = lm.new_cache();
     let hidden = lm.forward_hidden(
         prompt_ids,
@@ -177,6 +163,13 @@ pub fn generate<B: Backend, R: Rng + Send>(
     let prompt_logits = host_rows(lm.lm_head(last))?;
     if distinct < batch {
         cache.select_rows(&source);
+    }
+    // The cache at its final length (the prompt + every fed token; the last one sampled is
+    // never fed), allocated once: each decoding step writes its keys and values in place
+    // instead of growing the cache with a `cat` per layer.
+    let capacity = longest + config.max_new_tokens - 1;
+    for slot in &mut cache.layers {
+        crate::layers::reserve_kv(slot, capacity);
     }
     let mut logits: Vec<Vec<f32>> = source.iter().map(|&u| prompt_logits[u].clone()).collect();
 

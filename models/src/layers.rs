@@ -1,9 +1,10 @@
 //! Layers shared by the model families: linear maps in Hugging Face weight layout, RMSNorm,
 //! LayerNorm, rotate-half RoPE driven by explicit position ids, grouped-query attention with
-//! padding + causal masks and a KV cache, the SwiGLU MLP and the GELU variants.
+//! padding + causal masks and a KV cache (the Qwen decoders' [`Attention`], with optional q/k
+//! norms), the SwiGLU MLP and the GELU variants.
 //!
-//! Every layer loads and exports its weights by name through [`crate::weights`], next to its
-//! `forward`. burn's built-in rotary encoding (interleaved pairs, contiguous offsets) and its
+//! Every layer has a `new` (its sizes, placeholder tensors) and a `weights` that names each
+//! tensor once for both loading and export ([`crate::weights::Weights`]), next to its `forward`. burn's built-in rotary encoding (interleaved pairs, contiguous offsets) and its
 //! attention (no GQA, no position ids) do not fit Hugging Face models, hence these.
 
 use burn::module::Param;
@@ -12,7 +13,7 @@ use burn::tensor::DType;
 use burn::tensor::activation::{sigmoid, softmax};
 
 use crate::lora::Lora;
-use crate::weights::{Init, WeightSource, WeightVisitor};
+use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
 /// `y = x·Wᵀ + b` with `W` stored `[out, in]` as in PyTorch / Hugging Face checkpoints, plus
 /// `s · x·Aᵀ·Bᵀ` when the build attached a LoRA adapter ([`crate::lora`]).
@@ -23,44 +24,29 @@ pub struct Linear<B: Backend> {
     pub lora: Option<Lora<B>>,
 }
 
-impl<B: Backend> Linear<B> {
-    /// Loads `{prefix}.weight` `[out, in]` and, when `bias`, `{prefix}.bias` `[out]`; the source
-    /// decides whether module `prefix` gets an adapter.
-    pub fn load(
-        src: &mut dyn WeightSource<B>,
-        prefix: &str,
-        in_dim: usize,
-        out_dim: usize,
-        bias: bool,
-    ) -> Self {
-        let weight = src.take2(&format!("{prefix}.weight"), [out_dim, in_dim], Init::Matrix);
-        let bias = bias.then(|| src.take1(&format!("{prefix}.bias"), [out_dim], Init::Zeros));
-        let lora = src.lora_adapter(prefix, in_dim, out_dim);
-        Self {
-            weight: Param::from_tensor(weight),
-            bias: bias.map(Param::from_tensor),
-            lora,
+/// `{prefix}.weight` `[out, in]`, `{prefix}.bias` `[out]` when present, and the adapter the
+/// source gives module `prefix`.
+impl<B: Backend> Weights<B> for Linear<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        w.adapted(
+            &join(prefix, "weight"),
+            &mut self.weight,
+            self.lora.as_ref(),
+        );
+        if let Some(b) = &mut self.bias {
+            w.tensor(&join(prefix, "bias"), b, Init::Zeros);
         }
+        w.adapter(prefix, &mut self.lora, &self.weight);
     }
+}
 
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        let name = format!("{prefix}.weight");
-        // A streamed merged save visits the model once per shard: merge only for the shard that
-        // keeps this weight.
-        let weight = match &self.lora {
-            Some(lora) if sink.merges_adapters() && sink.wants(&name) => {
-                lora.merge_into(self.weight.val())
-            }
-            _ => self.weight.val(),
-        };
-        sink.put(&name, weight);
-        if let Some(b) = &self.bias {
-            sink.put(&format!("{prefix}.bias"), b.val());
-        }
-        if let Some(lora) = &self.lora
-            && !sink.merges_adapters()
-        {
-            sink.put_lora(prefix, lora);
+impl<B: Backend> Linear<B> {
+    /// `[out_dim, in_dim]` weight, `[out_dim]` bias when `bias`, no adapter (placeholders).
+    pub fn new(device: &B::Device, in_dim: usize, out_dim: usize, bias: bool) -> Self {
+        Self {
+            weight: shaped(device, [out_dim, in_dim]),
+            bias: bias.then(|| shaped(device, [out_dim])),
+            lora: None,
         }
     }
 
@@ -85,6 +71,266 @@ impl<B: Backend> Linear<B> {
     }
 }
 
+/// Sizes of an [`Attention`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionShape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    /// Per-head width (explicit: `q_proj` is `[heads·head_dim, hidden]`, need not be square).
+    pub head_dim: usize,
+    /// Biases on q/k/v.
+    pub qkv_bias: bool,
+    /// Bias on o.
+    pub o_bias: bool,
+    /// Per-head RMSNorm of q and k (over `head_dim`, before RoPE) with this epsilon.
+    pub qk_norm_eps: Option<f64>,
+}
+
+/// Self-attention of a Qwen decoder layer (Qwen2 `Qwen2VLAttention`; Qwen3
+/// `Qwen3VLTextAttention` adds `q_norm` / `k_norm`):
+/// `o_proj(softmax(q·kᵀ/√head_dim + bias)·v)` with `q = rope(norm_q(x·Wqᵀ))`,
+/// `k = rope(norm_k(x·Wkᵀ))` (the norms when present), grouped-query heads and a KV cache
+/// that stores keys after their norm and RoPE.
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    pub q_proj: Linear<B>,
+    pub k_proj: Linear<B>,
+    pub v_proj: Linear<B>,
+    pub o_proj: Linear<B>,
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// `{prefix}.{q,k,v,o}_proj` and, with norms, `{prefix}.{q,k}_norm`.
+impl<B: Backend> Weights<B> for Attention<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.q_proj.weights(w, &join(prefix, "q_proj"));
+        self.k_proj.weights(w, &join(prefix, "k_proj"));
+        self.v_proj.weights(w, &join(prefix, "v_proj"));
+        self.o_proj.weights(w, &join(prefix, "o_proj"));
+        if let Some(n) = &mut self.q_norm {
+            n.weights(w, &join(prefix, "q_norm"));
+        }
+        if let Some(n) = &mut self.k_norm {
+            n.weights(w, &join(prefix, "k_norm"));
+        }
+    }
+}
+
+impl<B: Backend> Attention<B> {
+    pub fn new(device: &B::Device, s: &AttentionShape) -> Self {
+        let q = s.heads * s.head_dim;
+        let kv = s.kv_heads * s.head_dim;
+        let norm = || {
+            s.qk_norm_eps
+                .map(|eps| RmsNorm::new(device, s.head_dim, eps))
+        };
+        Self {
+            q_proj: Linear::new(device, s.hidden, q, s.qkv_bias),
+            k_proj: Linear::new(device, s.hidden, kv, s.qkv_bias),
+            v_proj: Linear::new(device, s.hidden, kv, s.qkv_bias),
+            o_proj: Linear::new(device, q, s.hidden, s.o_bias),
+            q_norm: norm(),
+            k_norm: norm(),
+            num_heads: s.heads,
+            num_kv_heads: s.kv_heads,
+            head_dim: s.head_dim,
+        }
+    }
+
+    /// `x` `[b, l, hidden]`; `rope_q`/`rope_k` for `[b, l, heads, head_dim]` and
+    /// `[b, l, kv_heads, head_dim]`; bias `[b, kv_heads, group·l, past + l]`
+    /// ([`grouped_attention_bias`]). The norms and RoPE act in the projections' contiguous
+    /// `[b, l, heads, head_dim]` layout, before the heads are moved forward.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope_q: &Rotary<B>,
+        rope_k: &Rotary<B>,
+        bias: Tensor<B, 4>,
+        cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
+    ) -> Tensor<B, 3> {
+        let [b, l, _] = x.dims();
+        let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let normed = |norm: &Option<RmsNorm<B>>, t: Tensor<B, 4>| match norm {
+            Some(n) => n.forward(t),
+            None => t,
+        };
+        let q = normed(
+            &self.q_norm,
+            self.q_proj.forward(x.clone()).reshape([b, l, h, d]),
+        );
+        let q = rope_q.apply(q).swap_dims(1, 2);
+        let k = normed(
+            &self.k_norm,
+            self.k_proj.forward(x.clone()).reshape([b, l, kvh, d]),
+        );
+        let mut k = rope_k.apply(k).swap_dims(1, 2);
+        let mut v = self
+            .v_proj
+            .forward(x)
+            .reshape([b, l, kvh, d])
+            .swap_dims(1, 2);
+        if let Some(slot) = cache {
+            // Every key the queries attend to: cached + new (the bias covers them all).
+            let total = bias.dims()[3];
+            (k, v) = append_kv(slot, k, v, total);
+        }
+        let out = grouped_query_attention(q, k, v, bias, 1.0 / (d as f64).sqrt());
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, l, h * d]))
+    }
+}
+
+/// Appends a layer's new keys and values `[b, kv_heads, l, d]` to its cache slot and returns
+/// the keys and values to attend to, `[b, kv_heads, total, d]` (`total` = cached + `l`, the
+/// width of the attention mask). The slot holds either exactly the `total − l` cached
+/// positions, grown here by a `cat` (a cache filled by plain forward calls), or buffers
+/// reserved at a longer length by [`reserve_kv`] (generation): their first `total − l`
+/// positions are filled, the new ones are written in place after them ([`write_positions`])
+/// and the filled prefix is returned as a view, so no step copies the cache. Either way the
+/// returned values are the same numbers. An empty slot stores `k`, `v` as they are.
+pub(crate) fn append_kv<B: Backend>(
+    slot: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    total: usize,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let Some((pk, pv)) = slot.take() else {
+        *slot = Some((k.clone(), v.clone()));
+        return (k, v);
+    };
+    let [b, h, capacity, d] = pk.dims();
+    let past = total - k.dims()[2];
+    if capacity == past || capacity < total {
+        // Grown by a cat (a reserved buffer too short for this step keeps its filled prefix).
+        let (pk, pv) = if capacity == past {
+            (pk, pv)
+        } else {
+            let prefix = |t: Tensor<B, 4>| t.slice([0..b, 0..h, 0..past, 0..d]);
+            (prefix(pk), prefix(pv))
+        };
+        let k = Tensor::cat(vec![pk, k], 2);
+        let v = Tensor::cat(vec![pv, v], 2);
+        *slot = Some((k.clone(), v.clone()));
+        return (k, v);
+    }
+    let pk = write_positions(pk, k, past);
+    let pv = write_positions(pv, v, past);
+    let filled = |t: &Tensor<B, 4>| t.clone().slice([0..b, 0..h, 0..total, 0..d]);
+    let (k, v) = (filled(&pk), filled(&pv));
+    *slot = Some((pk, pv));
+    (k, v)
+}
+
+/// Reserves a cache slot's keys and values `[b, kv_heads, len, d]` as buffers of `capacity`
+/// positions (the first `len` filled, the rest zeros), so that [`append_kv`] writes the next
+/// `capacity − len` positions in place. A slot already that long is left as it is.
+pub(crate) fn reserve_kv<B: Backend>(
+    slot: &mut Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    capacity: usize,
+) {
+    let Some((k, v)) = slot.take() else {
+        return;
+    };
+    let grow = |t: Tensor<B, 4>| {
+        let [b, h, len, d] = t.dims();
+        if len >= capacity {
+            return t;
+        }
+        let buffer = Tensor::<B, 4>::zeros([b, h, capacity, d], (&t.device(), t.dtype()));
+        write_positions(buffer, t, 0)
+    };
+    *slot = Some((grow(k), grow(v)));
+}
+
+/// `buffer[:, :, at..at + l, :] = values` for `values` `[b, h, l, d]`. On the Flex backend the
+/// write goes into `buffer`'s own storage when nothing else holds it (burn-flex's
+/// `slice_assign` copies the whole buffer first: it keeps a second handle on its input before
+/// writing); elsewhere, or for a shared buffer, it is `slice_assign`.
+pub(crate) fn write_positions<B: Backend>(
+    buffer: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+    at: usize,
+) -> Tensor<B, 4> {
+    use burn::tensor::TensorPrimitive;
+    let [b, h, capacity, d] = buffer.dims();
+    let l = values.dims()[2];
+    debug_assert!(at + l <= capacity, "writing {at}..{} of {capacity}", at + l);
+    let TensorPrimitive::Float(mut dst) = buffer.into_primitive() else {
+        unreachable!("a KV cache holds float tensors")
+    };
+    let written = match (
+        (&mut dst as &mut dyn std::any::Any).downcast_mut::<burn::backend::flex::FlexTensor>(),
+        values.clone().into_primitive(),
+    ) {
+        (Some(dst), TensorPrimitive::Float(src)) => {
+            let src: Box<dyn std::any::Any> = Box::new(src);
+            match src.downcast::<burn::backend::flex::FlexTensor>() {
+                Ok(src) => flex_write_positions(dst, &src, [b, h, capacity, d], l, at),
+                Err(_) => false,
+            }
+        }
+        _ => false,
+    };
+    let buffer = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(dst));
+    if written {
+        buffer
+    } else {
+        buffer.slice_assign([0..b, 0..h, at..at + l, 0..d], values)
+    }
+}
+
+/// [`write_positions`] on Flex tensors of one float dtype: false (nothing written) when `dst`
+/// is shared, not a whole contiguous buffer, or of another dtype than `src`.
+fn flex_write_positions(
+    dst: &mut burn::backend::flex::FlexTensor,
+    src: &burn::backend::flex::FlexTensor,
+    [b, h, capacity, d]: [usize; 4],
+    l: usize,
+    at: usize,
+) -> bool {
+    use burn::tensor::{bf16, f16};
+    // One copy per (row, kv head): its `l` new positions, `l·d` contiguous values.
+    macro_rules! copy {
+        ($e:ty) => {{
+            let src = src.to_contiguous();
+            match (src.as_slice::<$e>(), dst.try_storage_mut::<$e>()) {
+                (Some(src), Some(dst)) => {
+                    let span = l * d;
+                    for (row, values) in src.chunks_exact(span).enumerate().take(b * h) {
+                        let to = (row * capacity + at) * d;
+                        dst[to..to + span].copy_from_slice(values);
+                    }
+                    true
+                }
+                _ => false,
+            }
+        }};
+    }
+    let whole = dst.is_unique()
+        && dst.is_contiguous()
+        && dst.layout().start_offset() == 0
+        && dst.bytes().len() == b * h * capacity * d * dst.dtype().size()
+        && dst.dtype() == src.dtype();
+    if !whole {
+        return false;
+    }
+    if src.layout().num_elements() != b * h * l * d {
+        return false;
+    }
+    match dst.dtype() {
+        DType::F32 => copy!(f32),
+        DType::BF16 => copy!(bf16),
+        DType::F16 => copy!(f16),
+        _ => false,
+    }
+}
+
 /// RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last dimension (computed in f32).
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
@@ -92,17 +338,19 @@ pub struct RmsNorm<B: Backend> {
     pub eps: f64,
 }
 
+/// `{prefix}.weight`.
+impl<B: Backend> Weights<B> for RmsNorm<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        w.tensor(&join(prefix, "weight"), &mut self.weight, Init::Ones);
+    }
+}
+
 impl<B: Backend> RmsNorm<B> {
-    pub fn load(src: &mut dyn WeightSource<B>, prefix: &str, dim: usize, eps: f64) -> Self {
-        let weight = src.take1(&format!("{prefix}.weight"), [dim], Init::Ones);
+    pub fn new(device: &B::Device, dim: usize, eps: f64) -> Self {
         Self {
-            weight: Param::from_tensor(weight),
+            weight: shaped(device, [dim]),
             eps,
         }
-    }
-
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        sink.put(&format!("{prefix}.weight"), self.weight.val());
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
@@ -125,20 +373,21 @@ pub struct LayerNorm<B: Backend> {
     pub eps: f64,
 }
 
+/// `{prefix}.weight`, `{prefix}.bias`.
+impl<B: Backend> Weights<B> for LayerNorm<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        w.tensor(&join(prefix, "weight"), &mut self.weight, Init::Ones);
+        w.tensor(&join(prefix, "bias"), &mut self.bias, Init::Zeros);
+    }
+}
+
 impl<B: Backend> LayerNorm<B> {
-    pub fn load(src: &mut dyn WeightSource<B>, prefix: &str, dim: usize, eps: f64) -> Self {
-        let weight = src.take1(&format!("{prefix}.weight"), [dim], Init::Ones);
-        let bias = src.take1(&format!("{prefix}.bias"), [dim], Init::Zeros);
+    pub fn new(device: &B::Device, dim: usize, eps: f64) -> Self {
         Self {
-            weight: Param::from_tensor(weight),
-            bias: Param::from_tensor(bias),
+            weight: shaped(device, [dim]),
+            bias: shaped(device, [dim]),
             eps,
         }
-    }
-
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        sink.put(&format!("{prefix}.weight"), self.weight.val());
-        sink.put(&format!("{prefix}.bias"), self.bias.val());
     }
 
     /// Computed in f32, result in the input's dtype.
@@ -178,25 +427,22 @@ pub struct SwiGluMlp<B: Backend> {
     pub down_proj: Linear<B>,
 }
 
-impl<B: Backend> SwiGluMlp<B> {
-    pub fn load(
-        src: &mut dyn WeightSource<B>,
-        prefix: &str,
-        dim: usize,
-        hidden: usize,
-        bias: bool,
-    ) -> Self {
-        Self {
-            gate_proj: Linear::load(src, &format!("{prefix}.gate_proj"), dim, hidden, bias),
-            up_proj: Linear::load(src, &format!("{prefix}.up_proj"), dim, hidden, bias),
-            down_proj: Linear::load(src, &format!("{prefix}.down_proj"), hidden, dim, bias),
-        }
+/// `{prefix}.{gate,up,down}_proj`.
+impl<B: Backend> Weights<B> for SwiGluMlp<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.gate_proj.weights(w, &join(prefix, "gate_proj"));
+        self.up_proj.weights(w, &join(prefix, "up_proj"));
+        self.down_proj.weights(w, &join(prefix, "down_proj"));
     }
+}
 
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        self.gate_proj.export(sink, &format!("{prefix}.gate_proj"));
-        self.up_proj.export(sink, &format!("{prefix}.up_proj"));
-        self.down_proj.export(sink, &format!("{prefix}.down_proj"));
+impl<B: Backend> SwiGluMlp<B> {
+    pub fn new(device: &B::Device, dim: usize, hidden: usize, bias: bool) -> Self {
+        Self {
+            gate_proj: Linear::new(device, dim, hidden, bias),
+            up_proj: Linear::new(device, dim, hidden, bias),
+            down_proj: Linear::new(device, hidden, dim, bias),
+        }
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
@@ -428,6 +674,48 @@ mod tests {
             &Default::default(),
         )
         .reshape(shape)
+    }
+
+    /// A cache reserved at its final length gives the keys of the cat-grown one at every step,
+    /// and its steps write into the one buffer reserved (no copy of the cache per step).
+    #[test]
+    fn reserved_kv_cache_writes_in_place_and_matches_cat() {
+        let device = Default::default();
+        let step = |i: usize, l: usize| {
+            let n = 2 * 3 * l * 4;
+            let v: Vec<f32> = (0..n).map(|j| (i * 1000 + j) as f32).collect();
+            // [b, l, kv_heads, d] moved to [b, kv_heads, l, d], as the projections give them.
+            Tensor::<Flex, 1>::from_data(TensorData::new(v, [n]), &device)
+                .reshape([2, l, 3, 4])
+                .swap_dims(1, 2)
+        };
+        let ptr = |t: &Tensor<Flex, 4>| t.clone().into_primitive().tensor().bytes().as_ptr();
+        let (mut grown, mut reserved) = (None, None);
+        let prompt = 5;
+        for slot in [&mut grown, &mut reserved] {
+            append_kv(slot, step(0, prompt), step(0, prompt), prompt);
+        }
+        reserve_kv(&mut reserved, prompt + 3);
+        let buffer = ptr(&reserved.as_ref().unwrap().0);
+        for i in 1..=3 {
+            let total = prompt + i;
+            let (gk, gv) = append_kv(&mut grown, step(i, 1), step(i, 1), total);
+            let (rk, rv) = append_kv(&mut reserved, step(i, 1), step(i, 1), total);
+            assert_eq!(rk.dims(), [2, 3, total, 4]);
+            assert_eq!(gk.into_data(), rk.into_data(), "keys after step {i}");
+            assert_eq!(gv.into_data(), rv.into_data(), "values after step {i}");
+            assert_eq!(
+                ptr(&reserved.as_ref().unwrap().0),
+                buffer,
+                "step {i} wrote in place"
+            );
+        }
+        // A buffer someone else also holds is not written through: slice_assign copies it.
+        let held = reserved.clone();
+        let before = held.as_ref().unwrap().0.clone().into_data();
+        reserve_kv(&mut reserved, prompt + 4);
+        append_kv(&mut reserved, step(4, 1), step(4, 1), prompt + 4);
+        assert_eq!(held.unwrap().0.into_data(), before);
     }
 
     #[test]

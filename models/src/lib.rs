@@ -2,7 +2,9 @@
 //!
 //! - [`capabilities`]: the traits nodes use (`CausalLm`, `Vision`, `MultimodalPositions`,
 //!   `ImageProcessor`) and shared host-side types (`PaddedBatch`, `PositionIds`, `KvCache`).
-//! - [`registry`]: `config.json`'s `model_type` → family.
+//! - [`registry`]: `config.json`'s `model_type` → family, one line per family, the only place
+//!   that names them; [`family`]: what a family folder implements ([`family::FamilyConfig`],
+//!   [`family::FamilyModel`]) and the macro the registry line feeds.
 //! - [`model`]: [`Model`], a loaded model of any family (a burn `Module`) exposing capabilities;
 //!   Hugging Face loading, saving and random initialisation.
 //! - [`layers`]: shared layers (RMSNorm, rotate-half RoPE from position ids, GQA attention, …).
@@ -17,6 +19,7 @@
 pub mod capabilities;
 pub mod checkpoint;
 pub mod config_checks;
+pub mod family;
 pub mod gemma4;
 pub mod generate;
 pub mod image;
@@ -32,7 +35,7 @@ pub mod weights;
 
 pub use capabilities::{
     CausalLm, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch, PositionIds,
-    ProcessedImage, VideoFrames, VideoProcessor, VideoTiming, Vision, load_image_processor,
-    plain_positions, scatter_image_embeddings,
+    ProcessedImage, VideoFrames, VideoProcessor, VideoTiming, Vision, embed_inputs,
+    load_image_processor, plain_positions, scatter_image_embeddings,
 };
 pub use model::Model;

@@ -1,12 +1,17 @@
 //! The family registry: `config.json`'s `model_type` → the family that implements it.
 //!
 //! This is the only place where a model is chosen by name; afterwards callers use capabilities.
+//! A family plugs in with one line of the [`crate::families!`] invocation below; its folder
+//! implements [`crate::family::FamilyConfig`] and [`crate::family::FamilyModel`].
 
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
 use crate::capabilities::ImageProcessor;
+use crate::gemma4::{Gemma4, Gemma4Config};
+use crate::qwen2_vl::{QwenVl, QwenVlConfig};
+use crate::qwen3_vl::{Qwen3Vl, Qwen3VlConfig};
 
 /// Builds a family's image processor from a Hugging Face directory.
 pub type ImageProcessorLoader = fn(&Path) -> Result<Box<dyn ImageProcessor>>;
@@ -19,37 +24,17 @@ pub struct Family {
     pub image_processor: Option<ImageProcessorLoader>,
 }
 
-fn qwen_vl_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
-    Ok(Box::new(
-        crate::qwen2_vl::processor::Qwen2VlImageProcessor::from_dir(dir)?,
-    ))
+// The only place that names the families: `Variant(Model, Config) = [model_type, …];`. The line
+// generates the `Model` variant (`crate::Model`), the parsed-config variant and the entries of
+// `FAMILIES`; the family folder implements `crate::family::{FamilyConfig, FamilyModel}`.
+crate::families! {
+    /// Qwen2-VL and Qwen2.5-VL.
+    QwenVl(QwenVl, QwenVlConfig) = ["qwen2_vl", "qwen2_5_vl"];
+    /// Gemma 4.
+    Gemma4(Gemma4, Gemma4Config) = ["gemma4"];
+    /// Qwen3-VL.
+    Qwen3Vl(Qwen3Vl, Qwen3VlConfig) = ["qwen3_vl"];
 }
-
-fn gemma4_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
-    Ok(Box::new(
-        crate::gemma4::processor::Gemma4ImageProcessor::from_dir(dir)?,
-    ))
-}
-
-/// Every family flowrl knows. Qwen2.5-VL and Qwen3-VL use Qwen2-VL's image processor.
-pub const FAMILIES: &[Family] = &[
-    Family {
-        model_type: "qwen2_vl",
-        image_processor: Some(qwen_vl_processor),
-    },
-    Family {
-        model_type: "qwen2_5_vl",
-        image_processor: Some(qwen_vl_processor),
-    },
-    Family {
-        model_type: "gemma4",
-        image_processor: Some(gemma4_processor),
-    },
-    Family {
-        model_type: "qwen3_vl",
-        image_processor: Some(qwen_vl_processor),
-    },
-];
 
 /// The registered family of `model_type`.
 pub fn family(model_type: &str) -> Result<&'static Family> {

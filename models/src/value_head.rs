@@ -18,13 +18,12 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::DType;
 
 use crate::layers::Linear;
 use crate::model::Model;
-use crate::weights::{RandomInit, WeightSource};
+use crate::weights::{Init, RandomInit, WeightSink, WeightSource, Weights, zeros_data};
 
 /// The file name of a stored value head.
 pub const VALUE_HEAD_FILE: &str = "value_head.safetensors";
@@ -40,10 +39,7 @@ impl<B: Backend> ValueHead<B> {
     /// `seed` (transformers' init of `score` with `std` = the config's `initializer_range`).
     pub fn random(hidden: usize, std: f32, seed: u64, device: &B::Device) -> Self {
         let mut src = RandomInit::<B>::new(device, seed, std);
-        let src: &mut dyn WeightSource<B> = &mut src;
-        Self {
-            score: Linear::load(src, "score", hidden, 1, true),
-        }
+        Self::new(hidden, device).loaded(&mut src, "")
     }
 
     /// Input width `H`.
@@ -62,28 +58,35 @@ impl<B: Backend> ValueHead<B> {
         self.score.forward(hidden).reshape([b, t])
     }
 
+    /// A head of width `hidden` with placeholder weights (see [`crate::weights::Weights`]).
+    fn new(hidden: usize, device: &B::Device) -> Self {
+        Self {
+            score: Linear::new(device, hidden, 1, true),
+        }
+    }
+
     /// Writes `score.weight` and `score.bias` (f32) to `path` as safetensors.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let to_bytes = |t: TensorData| -> Result<(Vec<usize>, Vec<u8>)> {
-            let shape = t.shape.to_vec();
-            let values = t
-                .convert::<f32>()
-                .into_vec::<f32>()
-                .map_err(|e| anyhow::anyhow!("reading the value head: {e:?}"))?;
-            Ok((shape, values.iter().flat_map(|v| v.to_le_bytes()).collect()))
-        };
-        let mut stored = vec![(
-            "score.weight",
-            to_bytes(self.score.weight.val().into_data())?,
-        )];
-        if let Some(b) = &self.score.bias {
-            stored.push(("score.bias", to_bytes(b.val().into_data())?));
-        }
+        let mut sink = WeightSink::default();
+        self.export_to(&mut sink, "");
+        let stored = sink
+            .into_tensors()
+            .into_iter()
+            .map(|(name, t)| {
+                let shape = t.shape.to_vec();
+                let values = t
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .map_err(|e| anyhow::anyhow!("reading the value head: {e:?}"))?;
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                Ok((name, shape, bytes))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let views = stored
             .iter()
-            .map(|(name, (shape, bytes))| {
+            .map(|(name, shape, bytes)| {
                 safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
-                    .map(|v| (name.to_string(), v))
+                    .map(|v| (name.clone(), v))
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         safetensors::tensor::serialize_to_file(views, None, path)
@@ -95,34 +98,74 @@ impl<B: Backend> ValueHead<B> {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let st = safetensors::SafeTensors::deserialize(&bytes)
             .with_context(|| format!("parsing {}", path.display()))?;
-        let read = |name: &str, shape: &[usize]| -> Result<TensorData> {
-            let t = st
-                .tensor(name)
-                .with_context(|| format!("{}: no tensor {name}", path.display()))?;
-            ensure!(
-                t.shape() == shape && t.dtype() == safetensors::Dtype::F32,
-                "{}: {name} is {:?} {:?}, the model needs F32 {shape:?} (hidden size {hidden})",
-                path.display(),
-                t.dtype(),
-                t.shape()
-            );
-            let values: Vec<f32> = t
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            Ok(TensorData::new(values, shape.to_vec()))
+        let mut file = HeadFile {
+            st,
+            path,
+            hidden,
+            device: device.clone(),
+            error: None,
         };
-        let weight = Tensor::<B, 2>::from_data(read("score.weight", &[1, hidden])?, device);
-        let bias = Tensor::<B, 1>::from_data(read("score.bias", &[1])?, device);
-        Ok(Self {
-            score: Linear {
-                weight: Param::from_tensor(weight),
-                bias: Some(Param::from_tensor(bias)),
-                lora: None,
-            },
+        let head = Self::new(hidden, device).loaded(&mut file, "");
+        match file.error {
+            Some(e) => Err(e),
+            None => Ok(head),
+        }
+    }
+}
+
+/// `score.weight` `[1, hidden]`, `score.bias` `[1]`.
+impl<B: Backend> Weights<B> for ValueHead<B> {
+    fn weights<W: crate::weights::WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.score
+            .weights(w, &crate::weights::join(prefix, "score"));
+    }
+}
+
+/// A stored value head as a [`WeightSource`]: F32 tensors of the layer's shapes, the first
+/// problem kept (a head of the wrong width names the hidden size).
+struct HeadFile<'a, B: Backend> {
+    st: safetensors::SafeTensors<'a>,
+    path: &'a Path,
+    hidden: usize,
+    device: B::Device,
+    error: Option<anyhow::Error>,
+}
+
+impl<B: Backend> HeadFile<'_, B> {
+    fn read(&self, name: &str, shape: &[usize]) -> Result<TensorData> {
+        let (path, hidden) = (self.path.display(), self.hidden);
+        let t = self
+            .st
+            .tensor(name)
+            .with_context(|| format!("{path}: no tensor {name}"))?;
+        ensure!(
+            t.shape() == shape && t.dtype() == safetensors::Dtype::F32,
+            "{path}: {name} is {:?} {:?}, the model needs F32 {shape:?} (hidden size {hidden})",
+            t.dtype(),
+            t.shape()
+        );
+        let values: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Ok(TensorData::new(values, shape.to_vec()))
+    }
+}
+
+impl<B: Backend> WeightSource<B> for HeadFile<'_, B> {
+    fn device(&self) -> B::Device {
+        self.device.clone()
+    }
+
+    fn take_data(&mut self, name: &str, shape: &[usize], _: Init) -> TensorData {
+        self.read(name, shape).unwrap_or_else(|e| {
+            self.error.get_or_insert(e);
+            zeros_data(shape, DType::F32)
         })
     }
+
+    fn ignore(&mut self, _: &str) {}
 }
 
 /// A model with a value head: the critic as one module (see the module doc).

@@ -3,9 +3,11 @@
 //! [`ShapeOnly`] placeholders), and the [`WeightVisitor`] models export them to ([`WeightSink`],
 //! which writes the Hugging Face layout; [`GradCollector`]).
 //!
-//! Layers ask a [`WeightSource`] for each tensor by checkpoint name and shape, as host data
-//! already in the source's dtype; the checkpoint source records every missing, mis-shaped and
-//! (at the end) unexpected tensor and reports them all in one error. Names are normalised to the
+//! Each layer describes its weights once ([`Weights`]: every tensor under its checkpoint name,
+//! walked by a [`WeightNames`]). [`Load`] walks it to ask a [`WeightSource`] for each tensor by
+//! that name and the layer's shape, as host data already in the source's dtype; [`Export`]
+//! walks it to hand the tensors to a [`WeightVisitor`]. The checkpoint source records every
+//! missing, mis-shaped and (at the end) unexpected tensor and reports them all in one error. Names are normalised to the
 //! legacy hub layout (`visual.*`, `model.*`, `lm_head.*`): transformers-5 module names
 //! `model.visual.X` and `model.language_model.X` are accepted as `visual.X` and `model.X`.
 
@@ -20,6 +22,10 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use rayon::prelude::*;
+
+use burn::module::Param;
+
+use crate::lora::Lora;
 
 pub use crate::checkpoint::Checkpoint;
 
@@ -132,14 +138,6 @@ impl<B: Backend> dyn WeightSource<B> + '_ {
         data.iter::<f32>()
             .next()
             .expect("a source returns one value for a one-element shape")
-    }
-
-    pub fn take1(&mut self, name: &str, shape: [usize; 1], init: Init) -> Tensor<B, 1> {
-        self.take(name, shape, init)
-    }
-
-    pub fn take2(&mut self, name: &str, shape: [usize; 2], init: Init) -> Tensor<B, 2> {
-        self.take(name, shape, init)
     }
 }
 
@@ -353,8 +351,8 @@ impl<B: Backend> WeightSource<B> for ShapeOnly<B> {
     }
 }
 
-/// Receives every weight of a model under its checkpoint name (models' `export` methods call
-/// it once per tensor, so names are written in one place per layer).
+/// Receives every weight of a model under its checkpoint name (through [`Export`], once per
+/// tensor of the layers' [`Weights`] descriptions).
 pub trait WeightVisitor<B: Backend> {
     fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>);
 
@@ -382,6 +380,130 @@ pub trait WeightVisitor<B: Backend> {
         let _ = name;
         true
     }
+}
+
+/// One description of a layer's weights, walked in both directions: each layer has a
+/// `weights(&mut self, w, prefix)` that hands every tensor to `w` under its checkpoint name, once
+/// (candle's `vb.pp(..)`: the name is written where the layer is built). [`Load`] fills the
+/// tensors from a [`WeightSource`] (the layer was built by its `new` with placeholders of the
+/// right shapes, so the shapes come from the layer, not from the names); [`Export`] hands them to
+/// a [`WeightVisitor`]. Both walk the same order, the order `load` and `export` had (the random
+/// draws of [`RandomInit`] follow it; saved files are keyed by name).
+pub trait WeightNames<B: Backend> {
+    /// Tensor `name`, random-initialised (when the source draws) as `init`.
+    fn tensor<const D: usize>(&mut self, name: &str, param: &mut Param<Tensor<B, D>>, init: Init);
+
+    /// The `[out, in]` weight `name` of a linear map with adapter `lora` (exported merged when
+    /// the visitor merges adapters).
+    fn adapted(&mut self, name: &str, weight: &mut Param<Tensor<B, 2>>, lora: Option<&Lora<B>>);
+
+    /// The LoRA adapter of linear `module`, whose weight `weight` was just walked: attached at
+    /// load when the source gives one, exported in PEFT layout unless the visitor merges.
+    fn adapter(&mut self, module: &str, lora: &mut Option<Lora<B>>, weight: &Param<Tensor<B, 2>>);
+
+    /// A host scalar buffer that is not a parameter (Gemma 4's clip bounds, layer scalars),
+    /// stored with `shape` (one element: `[]` or `[1]`).
+    fn scalar(&mut self, name: &str, shape: &[usize], value: &mut f32, init: Init);
+
+    /// A stored tensor the model does not keep (a tied model's `lm_head.weight`).
+    fn ignore(&mut self, name: &str);
+}
+
+/// A layer whose weights are described once ([`WeightNames`]).
+pub trait Weights<B: Backend>: Clone {
+    /// Walks every weight under `{prefix}.…` (or the names the layer gives its root).
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str);
+
+    /// `self` (built with placeholder shapes) filled from `src`.
+    fn loaded(mut self, src: &mut dyn WeightSource<B>, prefix: &str) -> Self {
+        self.weights(&mut Load(src), prefix);
+        self
+    }
+
+    /// Hands every weight to `sink`. The walk takes `&mut self`, so it goes over a shallow clone
+    /// (tensor handles; no data is copied).
+    fn export_to<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
+        self.clone().weights(&mut Export(sink), prefix);
+    }
+}
+
+/// `{prefix}.{name}`, or `name` at the root (empty prefix).
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// A parameter of `shape` that holds no data yet: one zero expanded to the shape (stride 0),
+/// replaced by [`Load`]. Layers' `new` build these.
+pub fn shaped<B: Backend, const D: usize>(
+    device: &B::Device,
+    shape: [usize; D],
+) -> Param<Tensor<B, D>> {
+    Param::from_tensor(Tensor::<B, D>::zeros([1; D], device).expand(shape))
+}
+
+/// Fills a layer's weights from a source, by the layer's names and shapes.
+pub struct Load<'a, B: Backend>(pub &'a mut dyn WeightSource<B>);
+
+impl<B: Backend> WeightNames<B> for Load<'_, B> {
+    fn tensor<const D: usize>(&mut self, name: &str, param: &mut Param<Tensor<B, D>>, init: Init) {
+        *param = Param::from_tensor(self.0.take(name, param.dims(), init));
+    }
+
+    fn adapted(&mut self, name: &str, weight: &mut Param<Tensor<B, 2>>, _: Option<&Lora<B>>) {
+        self.tensor(name, weight, Init::Matrix);
+    }
+
+    fn adapter(&mut self, module: &str, lora: &mut Option<Lora<B>>, weight: &Param<Tensor<B, 2>>) {
+        let [out_dim, in_dim] = weight.dims();
+        *lora = self.0.lora_adapter(module, in_dim, out_dim);
+    }
+
+    fn scalar(&mut self, name: &str, shape: &[usize], value: &mut f32, init: Init) {
+        *value = self.0.take_scalar(name, shape, init);
+    }
+
+    fn ignore(&mut self, name: &str) {
+        self.0.ignore(name);
+    }
+}
+
+/// Hands a layer's weights to a visitor under the layer's names.
+pub struct Export<'a, V>(pub &'a mut V);
+
+impl<B: Backend, V: WeightVisitor<B>> WeightNames<B> for Export<'_, V> {
+    fn tensor<const D: usize>(&mut self, name: &str, param: &mut Param<Tensor<B, D>>, _: Init) {
+        self.0.put(name, param.val());
+    }
+
+    fn adapted(&mut self, name: &str, weight: &mut Param<Tensor<B, 2>>, lora: Option<&Lora<B>>) {
+        // A streamed merged save visits the model once per shard: merge only for the shard that
+        // keeps this weight.
+        let value = match lora {
+            Some(lora) if self.0.merges_adapters() && self.0.wants(name) => {
+                lora.merge_into(weight.val())
+            }
+            _ => weight.val(),
+        };
+        self.0.put(name, value);
+    }
+
+    fn adapter(&mut self, module: &str, lora: &mut Option<Lora<B>>, _: &Param<Tensor<B, 2>>) {
+        if let Some(lora) = lora
+            && !self.0.merges_adapters()
+        {
+            self.0.put_lora(module, lora);
+        }
+    }
+
+    fn scalar(&mut self, name: &str, shape: &[usize], value: &mut f32, _: Init) {
+        self.0.put_buffer(name, shape, &[*value]);
+    }
+
+    fn ignore(&mut self, _: &str) {}
 }
 
 fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {

@@ -1,6 +1,6 @@
 //! The models' fixture parity checks (common/qwen_checks.rs, common/gemma4_checks.rs: forward,
 //! KV-cached greedy decoding, gradients against transformers) on burn's CUDA kernels: the
-//! unfused `CubeBackend<CudaRuntime>` that the nodes train on (nodes/src/backend.rs), `Autodiff`
+//! unfused `CubeBackend<CudaRuntime>` that the nodes train on (nodes/src/runtime/backend.rs), `Autodiff`
 //! of it for the gradients, at the CPU tests' tolerances, in f32. Needs an NVIDIA GPU and the
 //! CUDA toolkit's NVRTC at run time, so it is not part of CI; bench/gpu/check.sh runs it:
 //!

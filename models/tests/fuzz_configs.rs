@@ -17,7 +17,6 @@
 //! (families drawn at random), 96 loads with the real weights, 128 text mutations; a few seconds
 //! on one core. Failures found by these tests are kept as named `#[test]`s at the end.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
@@ -28,34 +27,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use serde_json::{Value, json};
 
-/// The system allocator, refusing (null → abort) any single allocation over 2 GiB.
-struct Capped;
-const CAP: usize = 2 << 30;
-unsafe impl GlobalAlloc for Capped {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if l.size() > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        if l.size() > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-#[global_allocator]
-static ALLOC: Capped = Capped;
+#[path = "common/capped_alloc.rs"]
+mod capped_alloc;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

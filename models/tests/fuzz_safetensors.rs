@@ -17,7 +17,6 @@
 //! Cases (fixed seed, no persistence file): 192 header mutations, 128 byte-level damages,
 //! 128 index/shard mutations; about half a minute on one core.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -27,34 +26,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use serde_json::{Value, json};
 
-/// The system allocator, refusing (null → abort) any single allocation over 2 GiB.
-struct Capped;
-const CAP: usize = 2 << 30;
-unsafe impl GlobalAlloc for Capped {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if l.size() > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        if l.size() > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new > CAP {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-#[global_allocator]
-static ALLOC: Capped = Capped;
+#[path = "common/capped_alloc.rs"]
+mod capped_alloc;
 
 fn config(cases: u32) -> Config {
     Config {

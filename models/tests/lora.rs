@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::prelude::*;
-use common::{lora_checks, model_cases, temp_dir};
+use common::{lora_checks, max_abs_diff, model_cases, temp_dir};
 use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter};
 use flowrl_models::weights::Precision;
 use flowrl_models::{Model, PaddedBatch};
@@ -68,14 +68,6 @@ fn logits<B: Backend>(model: &Model<B>, batch: &PaddedBatch) -> Vec<f32> {
 
 fn logits_tensor<B: Backend>(model: &Model<B>, batch: &PaddedBatch) -> Tensor<B, 3> {
     model.logits(batch, &[], &Default::default()).unwrap()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Gives every adapter's `B` seeded non-zero values, so the adapter changes the output.

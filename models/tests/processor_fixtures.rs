@@ -11,9 +11,12 @@
 //!   `num_soft_tokens_per_image`), and expanding the collapsed prompts gives `input_ids` again.
 //!   PNG `image<k>…` / `image_<k>…` is image k of the batch.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use common::max_abs_diff;
 use flowrl_models::gemma4::processor::{Gemma4ImageProcessor, Gemma4ProcessorConfig};
 use flowrl_models::image::load_rgb;
 use flowrl_models::qwen2_vl::processor::{Qwen2VlImageProcessor, Qwen2VlProcessorConfig};
@@ -94,14 +97,6 @@ impl Tensors {
         assert_eq!(dtype, Dtype::U8, "{name}");
         Some((shape, data))
     }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Number of u8 values that differ, and the largest difference.

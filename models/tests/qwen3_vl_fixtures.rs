@@ -23,15 +23,15 @@ use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
 use common::{
-    Array, fixtures_root, max_dev, model_cases, padded_batch, read_safetensors, temp_dir,
+    Array, fixtures_root, greedy_config, max_dev, model_cases, padded_batch, prompt_hidden,
+    qwen_images_merged, read_safetensors, temp_dir,
 };
 use flowrl_models::capabilities::mask_tensor;
-use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
+use flowrl_models::generate::{ModelParts, PromptInput, generate};
 use flowrl_models::image::load_rgb;
 use flowrl_models::lora::{AdapterInit, LoraConfig, in_vision_tower};
 use flowrl_models::qwen3_vl::Qwen3Vl;
 use flowrl_models::qwen3_vl::positions::interleaved_rope_tables;
-use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::weights::{GradCollector, Precision, WeightSink};
 use flowrl_models::{ImageProcessor, Model, PaddedBatch, ProcessedImage, load_image_processor};
 use serde_json::Value;
@@ -96,30 +96,7 @@ impl Case {
         let merge = config["vision_config"]["spatial_merge_size"]
             .as_u64()
             .unwrap() as usize;
-        let mut images = Vec::new();
-        let mut grids = Vec::new();
-        if let (Some(px), Some(g)) = (inputs.get("pixel_values"), inputs.get("image_grid_thw")) {
-            let dim = px.shape[1];
-            let mut row = 0;
-            for k in 0..g.shape[0] {
-                let grid = [0, 1, 2].map(|j| g.values[3 * k + j] as usize);
-                let n = grid.iter().product::<usize>();
-                images.push(ProcessedImage {
-                    pixel_values: px.values[row * dim..(row + n) * dim]
-                        .iter()
-                        .map(|&v| v as f32)
-                        .collect(),
-                    shape: vec![n, dim],
-                    grid: grid.to_vec(),
-                    num_tokens: n / (merge * merge),
-                    patch_positions: None,
-                    video: None,
-                });
-                grids.push(grid);
-                row += n;
-            }
-            assert_eq!(row, px.shape[0], "grids cover every pixel_values row");
-        }
+        let (images, grids) = qwen_images_merged(&inputs, merge);
         Self {
             name: dir.file_name().unwrap().to_string_lossy().into_owned(),
 
@@ -364,14 +341,12 @@ fn qwen3_vl_kv_cached_decoding_matches_transformers() {
 
         let steps = case.expected("generated_ids").shape[1];
         let mut cache = lm.new_cache();
-        let embeds = model
-            .input_embeddings(&batch, &case.images, &device)
-            .unwrap();
-        let hidden = lm.forward_hidden(
-            batch.ids_tensor(&device),
-            embeds,
-            pos.tensor(&device),
-            batch.mask_tensor(&device),
+        let hidden = prompt_hidden(
+            &model,
+            &batch,
+            &case.images,
+            &pos,
+            &device,
             Some(&mut cache),
         );
         let mut step_logits = host(lm.lm_head(hidden.narrow(1, l - 1, 1)));
@@ -447,13 +422,7 @@ fn qwen3_vl_kv_cached_decoding_matches_transformers() {
             .iter()
             .map(|(ids, images)| PromptInput { ids, images })
             .collect();
-        let config = GenerationConfig {
-            max_new_tokens: steps,
-            sampling: SamplingConfig::greedy(),
-            stop_token_ids: vec![],
-            pad_token_id: 0,
-            suppress_token_ids: vec![],
-        };
+        let config = greedy_config(steps);
         let mut rngs: Vec<rand::rngs::StdRng> = (0..b)
             .map(|r| rand::SeedableRng::seed_from_u64(r as u64))
             .collect();

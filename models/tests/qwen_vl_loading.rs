@@ -5,10 +5,10 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use common::{model_cases, temp_dir};
+use common::{model_cases, prompt_hidden, temp_dir};
 use flowrl_models::qwen2_vl::QwenVlConfig;
 use flowrl_models::weights::WeightSink;
 use flowrl_models::{Model, PaddedBatch};
@@ -64,6 +64,19 @@ fn v5_name(name: &str) -> String {
     } else {
         name.to_string()
     }
+}
+
+/// The `config.json` text of the first Qwen VL fixture case.
+fn first_config() -> String {
+    std::fs::read_to_string(first_case().join("config.json")).unwrap()
+}
+
+/// The first Qwen VL fixture case.
+fn first_case() -> PathBuf {
+    model_cases(FAMILIES)
+        .into_iter()
+        .next()
+        .expect("a Qwen VL case")
 }
 
 #[test]
@@ -139,10 +152,7 @@ fn save_then_load_round_trips_single_and_sharded() {
 #[test]
 fn bad_checkpoint_reports_every_tensor_in_one_error() {
     let device = Default::default();
-    let dir = model_cases(FAMILIES)
-        .into_iter()
-        .next()
-        .expect("a Qwen VL case");
+    let dir = first_case();
     let mut tensors = raw_tensors(&dir.join("model.safetensors"));
     tensors.retain(|t| t.0 != "model.norm.weight");
     tensors.push(("extra.unused.weight".into(), vec![2], vec![0; 8]));
@@ -202,11 +212,7 @@ fn flat_config_with_rope_scaling_parses_like_nested() {
 #[test]
 fn random_model_is_deterministic_and_round_trips() {
     let device = Default::default();
-    let dir = model_cases(FAMILIES)
-        .into_iter()
-        .next()
-        .expect("a Qwen VL case");
-    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = first_config();
     let a = Model::<Flex>::random(&config, &device, 7).unwrap();
     let b = Model::<Flex>::random(&config, &device, 7).unwrap();
     let c = Model::<Flex>::random(&config, &device, 8).unwrap();
@@ -220,13 +226,7 @@ fn random_model_is_deterministic_and_round_trips() {
     let batch = PaddedBatch::left_pad(&[vec![1, 2, 3], vec![4, 5]], 0);
     let lm = loaded.causal_lm();
     let pos = loaded.position_ids(&batch, &[]).unwrap();
-    let h = lm.forward_hidden(
-        batch.ids_tensor(&device),
-        loaded.input_embeddings(&batch, &[], &device).unwrap(),
-        pos.tensor(&device),
-        batch.mask_tensor(&device),
-        None,
-    );
+    let h = prompt_hidden(&loaded, &batch, &[], &pos, &device, None);
     let logits = lm.lm_head(h);
     assert_eq!(logits.dims(), [2, 3, lm.vocab_size()]);
     let v = logits.into_data().into_vec::<f32>().unwrap();
@@ -239,23 +239,13 @@ fn random_model_is_deterministic_and_round_trips() {
 fn kv_cache_select_rows_keeps_the_remaining_rows() {
     use flowrl_models::capabilities::mask_tensor;
     let device = Default::default();
-    let dir = model_cases(FAMILIES)
-        .into_iter()
-        .next()
-        .expect("a Qwen VL case");
-    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = first_config();
     let model = Model::<Flex>::random(&config, &device, 3).unwrap();
     let lm = model.causal_lm();
     let batch = PaddedBatch::left_pad(&[vec![1, 2, 3, 4], vec![5, 6], vec![7, 8, 9]], 0);
     let pos = model.position_ids(&batch, &[]).unwrap();
     let mut cache = lm.new_cache();
-    lm.forward_hidden(
-        batch.ids_tensor(&device),
-        model.input_embeddings(&batch, &[], &device).unwrap(),
-        pos.tensor(&device),
-        batch.mask_tensor(&device),
-        Some(&mut cache),
-    );
+    prompt_hidden(&model, &batch, &[], &pos, &device, Some(&mut cache));
     let step = |cache: &mut flowrl_models::KvCache<Flex>, rows: &[usize]| {
         let next = PaddedBatch::left_pad(
             &rows
@@ -313,10 +303,7 @@ fn burn_optimizer_steps_the_model() {
     use burn::tensor::activation::log_softmax;
     type AD = Autodiff<Flex>;
     let device = Default::default();
-    let dir = model_cases(FAMILIES)
-        .into_iter()
-        .next()
-        .expect("a Qwen VL case");
+    let dir = first_case();
     let mut model = Model::<AD>::load(&dir, &device).unwrap();
     let batch = PaddedBatch::left_pad(&[vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9]], 0);
     let loss = |model: &Model<AD>| {

@@ -1,6 +1,6 @@
 //! Gemma 4's own building blocks on top of the shared layers ([`crate::layers`]): the vision
 //! tower's clipped linear, the GELU-tanh gated MLP (GeGLU) used by both towers, and the
-//! load/export of the four norms every text and vision block carries.
+//! names of the four norms every text and vision block carries.
 //!
 //! Formulas follow transformers `models/gemma4/modeling_gemma4.py` (5.24).
 
@@ -8,7 +8,7 @@ use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
 
 use crate::layers::{Linear, RmsNorm};
-use crate::weights::{Init, WeightSource, WeightVisitor};
+use crate::weights::{Init, WeightNames, Weights, join};
 
 /// A bias-free linear map, plain (text) or clipped (vision).
 pub trait LinearMap<B: Backend> {
@@ -34,43 +34,28 @@ pub struct ClippedLinear<B: Backend> {
     pub output_max: f32,
 }
 
-impl<B: Backend> ClippedLinear<B> {
-    /// Loads `{prefix}.linear.weight` `[out, in]` and `{prefix}.{input,output}_{min,max}`.
-    pub fn load(
-        src: &mut dyn WeightSource<B>,
-        prefix: &str,
-        in_dim: usize,
-        out_dim: usize,
-    ) -> Self {
-        let mut bound = |name: &str, init: f32| {
-            src.take_scalar(&format!("{prefix}.{name}"), &[], Init::Const(init))
-        };
-        let (input_min, input_max) = (
-            bound("input_min", f32::NEG_INFINITY),
-            bound("input_max", f32::INFINITY),
-        );
-        let (output_min, output_max) = (
-            bound("output_min", f32::NEG_INFINITY),
-            bound("output_max", f32::INFINITY),
-        );
-        Self {
-            linear: Linear::load(src, &format!("{prefix}.linear"), in_dim, out_dim, false),
-            input_min,
-            input_max,
-            output_min,
-            output_max,
-        }
+/// `{prefix}.{input,output}_{min,max}` (scalar buffers `[]`, random init ±∞) and
+/// `{prefix}.linear`.
+impl<B: Backend> Weights<B> for ClippedLinear<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let (low, high) = (Init::Const(f32::NEG_INFINITY), Init::Const(f32::INFINITY));
+        w.scalar(&join(prefix, "input_min"), &[], &mut self.input_min, low);
+        w.scalar(&join(prefix, "input_max"), &[], &mut self.input_max, high);
+        w.scalar(&join(prefix, "output_min"), &[], &mut self.output_min, low);
+        w.scalar(&join(prefix, "output_max"), &[], &mut self.output_max, high);
+        self.linear.weights(w, &join(prefix, "linear"));
     }
+}
 
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        self.linear.export(sink, &format!("{prefix}.linear"));
-        for (name, v) in [
-            ("input_min", self.input_min),
-            ("input_max", self.input_max),
-            ("output_min", self.output_min),
-            ("output_max", self.output_max),
-        ] {
-            sink.put_buffer(&format!("{prefix}.{name}"), &[], &[v]);
+impl<B: Backend> ClippedLinear<B> {
+    /// `[out, in]` weight without bias; no clipping until loaded.
+    pub fn new(device: &B::Device, in_dim: usize, out_dim: usize) -> Self {
+        Self {
+            linear: Linear::new(device, in_dim, out_dim, false),
+            input_min: f32::NEG_INFINITY,
+            input_max: f32::INFINITY,
+            output_min: f32::NEG_INFINITY,
+            output_max: f32::INFINITY,
         }
     }
 }
@@ -105,23 +90,18 @@ pub const BLOCK_NORMS: [&str; 4] = [
     "post_feedforward_layernorm",
 ];
 
-/// Loads a block's four norms `{prefix}.{name}.weight` (`[dim]`) in [`BLOCK_NORMS`] order.
-pub fn load_block_norms<B: Backend>(
-    src: &mut dyn WeightSource<B>,
-    prefix: &str,
-    dim: usize,
-    eps: f64,
-) -> [RmsNorm<B>; 4] {
-    BLOCK_NORMS.map(|name| RmsNorm::load(src, &format!("{prefix}.{name}"), dim, eps))
+/// A block's four norms of width `dim` (placeholders), in [`BLOCK_NORMS`] order.
+pub fn new_block_norms<B: Backend>(device: &B::Device, dim: usize, eps: f64) -> [RmsNorm<B>; 4] {
+    BLOCK_NORMS.map(|_| RmsNorm::new(device, dim, eps))
 }
 
-/// Exports a block's four norms under `{prefix}.{name}` in [`BLOCK_NORMS`] order.
-pub fn export_block_norms<B: Backend, V: WeightVisitor<B>>(
-    sink: &mut V,
+/// A block's four norms `{prefix}.{name}.weight`, in [`BLOCK_NORMS`] order.
+pub fn block_norm_weights<B: Backend, W: WeightNames<B>>(
+    w: &mut W,
     prefix: &str,
-    norms: [&RmsNorm<B>; 4],
+    norms: [&mut RmsNorm<B>; 4],
 ) {
     for (name, norm) in BLOCK_NORMS.iter().zip(norms) {
-        norm.export(sink, &format!("{prefix}.{name}"));
+        norm.weights(w, &join(prefix, name));
     }
 }

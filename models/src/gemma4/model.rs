@@ -9,8 +9,12 @@ use burn::prelude::*;
 use super::config::Gemma4Config;
 use super::text::{TextModel, TextTrace};
 use super::vision::{VisionTower, VisionTrace};
+use burn::module::ModuleVisitor;
+
 use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
-use crate::weights::{NormalizedNames, WeightSource, WeightVisitor};
+use crate::family::{FamilyConfig, FamilyModel};
+use crate::registry::ImageProcessorLoader;
+use crate::weights::{WeightNames, Weights};
 
 /// A Gemma 4 conditional-generation model.
 #[derive(Module, Debug)]
@@ -21,35 +25,69 @@ pub struct Gemma4<B: Backend> {
     pub config: Gemma4Config,
 }
 
-impl<B: Backend> Gemma4<B> {
-    /// Builds the model from `config`, taking every weight from `src` (a checkpoint or random
-    /// initialisation). A stored `lm_head.weight` is ignored: the head is tied to
-    /// `embed_tokens`.
-    pub fn load(src: &mut dyn WeightSource<B>, config: &Gemma4Config) -> Self {
-        let mut names = NormalizedNames(src);
-        let src: &mut dyn WeightSource<B> = &mut names;
-        let language_model = TextModel::load(src, config);
-        let vision = config
-            .vision_config
-            .as_ref()
-            .map(|vc| VisionTower::load(src, vc, config.text_config.hidden_size));
-        src.ignore("lm_head.weight");
+impl FamilyConfig for Gemma4Config {
+    const IMAGE_PROCESSOR: Option<ImageProcessorLoader> = Some(super::processor::load_boxed);
+
+    fn parse(json: &serde_json::Value) -> Result<Self> {
+        Self::from_value(json)
+    }
+
+    fn initializer_range(&self) -> f64 {
+        Gemma4Config::initializer_range(self)
+    }
+}
+
+impl<B: Backend> FamilyModel<B> for Gemma4<B> {
+    type Config = Gemma4Config;
+
+    /// The decoder and, when the config has `vision_config`, the vision tower.
+    fn new(device: &B::Device, config: &Gemma4Config) -> Self {
         Self {
-            language_model,
-            vision,
+            language_model: TextModel::new(device, config),
+            vision: config
+                .vision_config
+                .as_ref()
+                .map(|vc| VisionTower::new(device, vc, config.text_config.hidden_size)),
             config: config.clone(),
         }
     }
 
-    /// Every weight under its transformers-5 name (`model.language_model.*`,
-    /// `model.vision_tower.*`, `model.embed_vision.*`; no `lm_head`, it is tied).
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        self.language_model.export(sink);
-        if let Some(v) = &self.vision {
-            v.export(sink);
-        }
+    fn config_json(&self) -> String {
+        self.config.to_json()
     }
 
+    fn model_type(&self) -> &'static str {
+        "gemma4"
+    }
+
+    fn vision(&self) -> Option<&dyn Vision<B>> {
+        self.vision.as_ref().map(|_| self as &dyn Vision<B>)
+    }
+
+    /// The vision encoder and its `embed_vision` projection (the tower together with its
+    /// projector, as for the Qwen families); verl's helper looks only for a `visual` attribute
+    /// and freezes nothing there. No multimodal positions: plain 1-D ones from the mask.
+    fn visit_vision_tower<V: ModuleVisitor<B>>(&self, visitor: &mut V) {
+        if let Some(v) = &self.vision {
+            v.visit(visitor)
+        }
+    }
+}
+
+/// Every weight under its transformers-5 name: the decoder `model.language_model.*`, the
+/// vision tower when present (`model.vision_tower.*`, `model.embed_vision.*`); a stored
+/// `lm_head.weight` is ignored (the head is tied to `embed_tokens`).
+impl<B: Backend> Weights<B> for Gemma4<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.language_model.weights(w, prefix);
+        if let Some(v) = &mut self.vision {
+            v.weights(w, prefix);
+        }
+        w.ignore(&crate::weights::join(prefix, "lm_head.weight"));
+    }
+}
+
+impl<B: Backend> Gemma4<B> {
     /// Full forward with intermediates (for parity tests): the decoder's final-normed hidden
     /// states and its trace. `positions` `[1, B, L]`.
     pub fn forward_traced(

@@ -289,6 +289,11 @@ impl Gemma4ImageProcessor {
     }
 }
 
+/// [`Gemma4ImageProcessor::from_dir`], boxed: the family's `FamilyConfig::IMAGE_PROCESSOR`.
+pub fn load_boxed(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
+    Ok(Box::new(Gemma4ImageProcessor::from_dir(dir)?))
+}
+
 impl ImageProcessor for Gemma4ImageProcessor {
     /// Resize ([`Self::resize`]) then rescale, flatten and pad ([`Self::patchify`]).
     fn process(&self, image: &RgbImage) -> Result<ProcessedImage> {

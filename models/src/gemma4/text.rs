@@ -12,13 +12,13 @@ use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
 
 use super::config::{Gemma4Config, KvSource, LayerKind, LayerSpec};
-use super::layers::{export_block_norms, geglu, load_block_norms};
+use super::layers::{block_norm_weights, geglu, new_block_norms};
 use crate::capabilities::KvCache;
 use crate::layers::{
-    Linear, RmsNorm, apply_rotary, attention, causal_padding_window_bias, inv_freq, repeat_kv,
-    rms_normalize, rope_tables,
+    Linear, RmsNorm, append_kv, apply_rotary, attention, causal_padding_window_bias, inv_freq,
+    repeat_kv, rms_normalize, rope_tables,
 };
-use crate::weights::{Init, WeightSource, WeightVisitor};
+use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
 const PREFIX: &str = "model.language_model";
 
@@ -37,23 +37,26 @@ pub struct TextMlp<B: Backend> {
     pub down_proj: Linear<B>,
 }
 
+/// `{prefix}.{gate,up,down}_proj`.
+impl<B: Backend> Weights<B> for TextMlp<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.gate_proj.weights(w, &join(prefix, "gate_proj"));
+        self.up_proj.weights(w, &join(prefix, "up_proj"));
+        self.down_proj.weights(w, &join(prefix, "down_proj"));
+    }
+}
+
 impl<B: Backend> TextMlp<B> {
-    fn load(src: &mut dyn WeightSource<B>, p: &str, hidden: usize, inter: usize) -> Self {
+    fn new(device: &B::Device, hidden: usize, inter: usize) -> Self {
         Self {
-            gate_proj: Linear::load(src, &format!("{p}.gate_proj"), hidden, inter, false),
-            up_proj: Linear::load(src, &format!("{p}.up_proj"), hidden, inter, false),
-            down_proj: Linear::load(src, &format!("{p}.down_proj"), inter, hidden, false),
+            gate_proj: Linear::new(device, hidden, inter, false),
+            up_proj: Linear::new(device, hidden, inter, false),
+            down_proj: Linear::new(device, inter, hidden, false),
         }
     }
 
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         geglu(&self.gate_proj, &self.up_proj, &self.down_proj, x)
-    }
-
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, p: &str) {
-        self.gate_proj.export(sink, &format!("{p}.gate_proj"));
-        self.up_proj.export(sink, &format!("{p}.up_proj"));
-        self.down_proj.export(sink, &format!("{p}.down_proj"));
     }
 }
 
@@ -124,9 +127,116 @@ pub struct TextTrace<B: Backend> {
     pub layer_outputs: Vec<Tensor<B, 3>>,
 }
 
+/// `{prefix}.{q,k,v,o}_proj`, `{prefix}.{q,k}_norm` (k/v and the k norm on layers with their
+/// own keys and values).
+impl<B: Backend> Weights<B> for TextAttention<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(prefix, name);
+        self.q_proj.weights(w, &at("q_proj"));
+        if let Some(k) = &mut self.k_proj {
+            k.weights(w, &at("k_proj"));
+        }
+        if let Some(v) = &mut self.v_proj {
+            v.weights(w, &at("v_proj"));
+        }
+        self.o_proj.weights(w, &at("o_proj"));
+        self.q_norm.weights(w, &at("q_norm"));
+        if let Some(k) = &mut self.k_norm {
+            k.weights(w, &at("k_norm"));
+        }
+    }
+}
+
+/// `self_attn`, the four block norms, `mlp`, the PLE branch and the `layer_scalar` buffer.
+impl<B: Backend> Weights<B> for DecoderLayer<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(prefix, name);
+        self.self_attn.weights(w, &at("self_attn"));
+        let norms = [
+            &mut self.input_layernorm,
+            &mut self.post_attention_layernorm,
+            &mut self.pre_feedforward_layernorm,
+            &mut self.post_feedforward_layernorm,
+        ];
+        block_norm_weights(w, prefix, norms);
+        self.mlp.weights(w, &at("mlp"));
+        self.per_layer_input_gate
+            .weights(w, &at("per_layer_input_gate"));
+        self.per_layer_projection
+            .weights(w, &at("per_layer_projection"));
+        self.post_per_layer_input_norm
+            .weights(w, &at("post_per_layer_input_norm"));
+        w.scalar(
+            &at("layer_scalar"),
+            &[1],
+            &mut self.layer_scalar,
+            Init::Ones,
+        );
+    }
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    fn new(device: &B::Device, config: &Gemma4Config, spec: &LayerSpec) -> Self {
+        let t = &config.text_config;
+        let (h, p, eps) = (t.hidden_size, t.hidden_size_per_layer_input, t.rms_norm_eps);
+        let heads = t.num_attention_heads;
+        let (d, kv) = (spec.head_dim, spec.num_kv_heads);
+        let own = spec.kv == KvSource::Own;
+        let [
+            input_layernorm,
+            post_attention_layernorm,
+            pre_feedforward_layernorm,
+            post_feedforward_layernorm,
+        ] = new_block_norms(device, h, eps);
+        Self {
+            input_layernorm,
+            post_attention_layernorm,
+            pre_feedforward_layernorm,
+            post_feedforward_layernorm,
+            self_attn: TextAttention {
+                q_proj: Linear::new(device, h, heads * d, false),
+                k_proj: own.then(|| Linear::new(device, h, kv * d, false)),
+                v_proj: own.then(|| Linear::new(device, h, kv * d, false)),
+                o_proj: Linear::new(device, heads * d, h, false),
+                q_norm: RmsNorm::new(device, d, eps),
+                k_norm: own.then(|| RmsNorm::new(device, d, eps)),
+            },
+            mlp: TextMlp::new(device, h, spec.intermediate_size),
+            per_layer_input_gate: Linear::new(device, h, p, false),
+            per_layer_projection: Linear::new(device, p, h, false),
+            post_per_layer_input_norm: RmsNorm::new(device, h, eps),
+            layer_scalar: 1.0,
+        }
+    }
+}
+
+/// `model.language_model.{layers.{i}, embed_tokens, embed_tokens_per_layer,
+/// per_layer_model_projection, per_layer_projection_norm, norm}` (the LM head is tied).
+impl<B: Backend> Weights<B> for TextModel<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(&join(prefix, PREFIX), name);
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            layer.weights(w, &at(&format!("layers.{i}")));
+        }
+        let embed = at("embed_tokens.weight");
+        w.tensor(&embed, &mut self.embed_tokens, Init::Embedding);
+        let per_layer = at("embed_tokens_per_layer.weight");
+        w.tensor(
+            &per_layer,
+            &mut self.embed_tokens_per_layer,
+            Init::Embedding,
+        );
+        self.per_layer_model_projection
+            .weights(w, &at("per_layer_model_projection"));
+        self.per_layer_projection_norm
+            .weights(w, &at("per_layer_projection_norm"));
+        self.norm.weights(w, &at("norm"));
+    }
+}
+
 impl<B: Backend> TextModel<B> {
-    /// Builds the decoder from `model.language_model.*` tensors of `src`.
-    pub fn load(src: &mut dyn WeightSource<B>, config: &Gemma4Config) -> Self {
+    /// The decoder of `config` with placeholder weights (see [`crate::weights::Weights`]).
+    pub fn new(device: &B::Device, config: &Gemma4Config) -> Self {
         let t = &config.text_config;
         let (h, n, p, eps) = (
             t.hidden_size,
@@ -134,90 +244,24 @@ impl<B: Backend> TextModel<B> {
             t.hidden_size_per_layer_input,
             t.rms_norm_eps,
         );
-        let heads = t.num_attention_heads;
-        let mut layers = Vec::with_capacity(n);
-        for (i, spec) in config.layers.iter().enumerate() {
-            let lp = format!("{PREFIX}.layers.{i}");
-            let ap = format!("{lp}.self_attn");
-            let (d, kv) = (spec.head_dim, spec.num_kv_heads);
-            let own = spec.kv == KvSource::Own;
-            let self_attn = TextAttention {
-                q_proj: Linear::load(src, &format!("{ap}.q_proj"), h, heads * d, false),
-                k_proj: own.then(|| Linear::load(src, &format!("{ap}.k_proj"), h, kv * d, false)),
-                v_proj: own.then(|| Linear::load(src, &format!("{ap}.v_proj"), h, kv * d, false)),
-                o_proj: Linear::load(src, &format!("{ap}.o_proj"), heads * d, h, false),
-                q_norm: RmsNorm::load(src, &format!("{ap}.q_norm"), d, eps),
-                k_norm: own.then(|| RmsNorm::load(src, &format!("{ap}.k_norm"), d, eps)),
-            };
-            let [
-                input_layernorm,
-                post_attention_layernorm,
-                pre_feedforward_layernorm,
-                post_feedforward_layernorm,
-            ] = load_block_norms(src, &lp, h, eps);
-            layers.push(DecoderLayer {
-                input_layernorm,
-                post_attention_layernorm,
-                pre_feedforward_layernorm,
-                post_feedforward_layernorm,
-                self_attn,
-                mlp: TextMlp::load(src, &format!("{lp}.mlp"), h, spec.intermediate_size),
-                per_layer_input_gate: Linear::load(
-                    src,
-                    &format!("{lp}.per_layer_input_gate"),
-                    h,
-                    p,
-                    false,
-                ),
-                per_layer_projection: Linear::load(
-                    src,
-                    &format!("{lp}.per_layer_projection"),
-                    p,
-                    h,
-                    false,
-                ),
-                post_per_layer_input_norm: RmsNorm::load(
-                    src,
-                    &format!("{lp}.post_per_layer_input_norm"),
-                    h,
-                    eps,
-                ),
-                layer_scalar: src.take_scalar(&format!("{lp}.layer_scalar"), &[1], Init::Ones),
-            });
-        }
         let mut multimodal_ids = vec![config.image_token_id];
         multimodal_ids.extend(config.video_token_id);
         multimodal_ids.extend(config.audio_token_id);
         Self {
-            embed_tokens: Param::from_tensor(src.take2(
-                &format!("{PREFIX}.embed_tokens.weight"),
-                [t.vocab_size, h],
-                Init::Embedding,
-            )),
-            embed_tokens_per_layer: Param::from_tensor(src.take2(
-                &format!("{PREFIX}.embed_tokens_per_layer.weight"),
-                [t.vocab_size_per_layer_input, n * p],
-                Init::Embedding,
-            )),
-            per_layer_model_projection: Linear::load(
-                src,
-                &format!("{PREFIX}.per_layer_model_projection"),
-                h,
-                n * p,
-                false,
-            ),
-            per_layer_projection_norm: RmsNorm::load(
-                src,
-                &format!("{PREFIX}.per_layer_projection_norm"),
-                p,
-                eps,
-            ),
-            layers,
-            norm: RmsNorm::load(src, &format!("{PREFIX}.norm"), h, eps),
+            embed_tokens: shaped(device, [t.vocab_size, h]),
+            embed_tokens_per_layer: shaped(device, [t.vocab_size_per_layer_input, n * p]),
+            per_layer_model_projection: Linear::new(device, h, n * p, false),
+            per_layer_projection_norm: RmsNorm::new(device, p, eps),
+            layers: config
+                .layers
+                .iter()
+                .map(|spec| DecoderLayer::new(device, config, spec))
+                .collect(),
+            norm: RmsNorm::new(device, h, eps),
             info: TextInfo {
                 layers: config.layers.clone(),
                 hidden: h,
-                heads,
+                heads: t.num_attention_heads,
                 ple_dim: p,
                 vocab: t.vocab_size,
                 ple_vocab: t.vocab_size_per_layer_input,
@@ -226,59 +270,6 @@ impl<B: Backend> TextModel<B> {
                 softcap: t.final_logit_softcapping,
                 eps,
             },
-        }
-    }
-
-    /// Every tensor under its Hugging Face name (`model.language_model.*`; the LM head is tied
-    /// and not written).
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        sink.put(
-            &format!("{PREFIX}.embed_tokens.weight"),
-            self.embed_tokens.val(),
-        );
-        sink.put(
-            &format!("{PREFIX}.embed_tokens_per_layer.weight"),
-            self.embed_tokens_per_layer.val(),
-        );
-        self.per_layer_model_projection
-            .export(sink, &format!("{PREFIX}.per_layer_model_projection"));
-        self.per_layer_projection_norm
-            .export(sink, &format!("{PREFIX}.per_layer_projection_norm"));
-        self.norm.export(sink, &format!("{PREFIX}.norm"));
-        for (i, l) in self.layers.iter().enumerate() {
-            let lp = format!("{PREFIX}.layers.{i}");
-            export_block_norms(
-                sink,
-                &lp,
-                [
-                    &l.input_layernorm,
-                    &l.post_attention_layernorm,
-                    &l.pre_feedforward_layernorm,
-                    &l.post_feedforward_layernorm,
-                ],
-            );
-            let a = &l.self_attn;
-            let ap = format!("{lp}.self_attn");
-            a.q_proj.export(sink, &format!("{ap}.q_proj"));
-            if let Some(k) = &a.k_proj {
-                k.export(sink, &format!("{ap}.k_proj"));
-            }
-            if let Some(v) = &a.v_proj {
-                v.export(sink, &format!("{ap}.v_proj"));
-            }
-            a.o_proj.export(sink, &format!("{ap}.o_proj"));
-            a.q_norm.export(sink, &format!("{ap}.q_norm"));
-            if let Some(k) = &a.k_norm {
-                k.export(sink, &format!("{ap}.k_norm"));
-            }
-            l.mlp.export(sink, &format!("{lp}.mlp"));
-            l.per_layer_input_gate
-                .export(sink, &format!("{lp}.per_layer_input_gate"));
-            l.per_layer_projection
-                .export(sink, &format!("{lp}.per_layer_projection"));
-            l.post_per_layer_input_norm
-                .export(sink, &format!("{lp}.post_per_layer_input_norm"));
-            sink.put_buffer(&format!("{lp}.layer_scalar"), &[1], &[l.layer_scalar]);
         }
     }
 
@@ -492,16 +483,8 @@ impl<B: Backend> DecoderLayer<B> {
                 let k = rope(k.swap_dims(1, 2));
                 let v = rms_normalize(vp.forward(x).reshape([b, l, kvh, d]), eps).swap_dims(1, 2);
                 match cache {
-                    Some(slot) => {
-                        let (k, v) = match slot.take() {
-                            Some((pk, pv)) => {
-                                (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2))
-                            }
-                            None => (k, v),
-                        };
-                        *slot = Some((k.clone(), v.clone()));
-                        (k, v)
-                    }
+                    // Every key the queries attend to: cached + new (the bias covers them all).
+                    Some(slot) => append_kv(slot, k, v, bias.dims()[3]),
                     None => (k, v),
                 }
             }

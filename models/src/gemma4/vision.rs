@@ -12,13 +12,13 @@ use burn::module::Param;
 use burn::prelude::*;
 
 use super::config::VisionConfig;
-use super::layers::{ClippedLinear, LinearMap, export_block_norms, geglu, load_block_norms};
+use super::layers::{ClippedLinear, LinearMap, block_norm_weights, geglu, new_block_norms};
 use crate::capabilities::ProcessedImage;
 use crate::layers::{
     Linear, MASKED, RmsNorm, apply_rotary, attention, inv_freq, repeat_kv, rms_normalize,
     rope_tables,
 };
-use crate::weights::{Init, WeightSource, WeightVisitor};
+use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
 const TOWER: &str = "model.vision_tower";
 const EMBED: &str = "model.embed_vision";
@@ -90,116 +90,107 @@ pub struct VisionTrace<B: Backend> {
     pub pooled: Tensor<B, 2>,
 }
 
-impl<B: Backend> VisionTower<B> {
-    /// Builds the tower from `model.vision_tower.*` and `model.embed_vision.*` tensors of `src`;
-    /// `text_hidden` is the text width.
-    pub fn load(src: &mut dyn WeightSource<B>, c: &VisionConfig, text_hidden: usize) -> Self {
+/// The four block norms, `self_attn.{q,k,v,o}_proj`, `self_attn.{q,k}_norm`,
+/// `mlp.{gate,up,down}_proj`.
+impl<B: Backend> Weights<B> for VisionLayer<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let norms = [
+            &mut self.input_layernorm,
+            &mut self.post_attention_layernorm,
+            &mut self.pre_feedforward_layernorm,
+            &mut self.post_feedforward_layernorm,
+        ];
+        block_norm_weights(w, prefix, norms);
+        let (a, ap) = (&mut self.self_attn, join(prefix, "self_attn"));
+        a.q_proj.weights(w, &join(&ap, "q_proj"));
+        a.k_proj.weights(w, &join(&ap, "k_proj"));
+        a.v_proj.weights(w, &join(&ap, "v_proj"));
+        a.o_proj.weights(w, &join(&ap, "o_proj"));
+        a.q_norm.weights(w, &join(&ap, "q_norm"));
+        a.k_norm.weights(w, &join(&ap, "k_norm"));
+        let (m, mp) = (&mut self.mlp, join(prefix, "mlp"));
+        m.gate_proj.weights(w, &join(&mp, "gate_proj"));
+        m.up_proj.weights(w, &join(&mp, "up_proj"));
+        m.down_proj.weights(w, &join(&mp, "down_proj"));
+    }
+}
+
+impl<B: Backend> VisionLayer<B> {
+    fn new(device: &B::Device, c: &VisionConfig) -> Self {
         let (hv, iv, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
         let heads = c.num_attention_heads;
         let kv_heads = c.num_key_value_heads.unwrap_or(heads);
         let dv = c.head_dim;
-        let patch_dim = 3 * c.patch_size * c.patch_size;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for i in 0..c.num_hidden_layers {
-            let lp = format!("{TOWER}.encoder.layers.{i}");
-            let ap = format!("{lp}.self_attn");
-            let mp = format!("{lp}.mlp");
-            let [
-                input_layernorm,
-                post_attention_layernorm,
-                pre_feedforward_layernorm,
-                post_feedforward_layernorm,
-            ] = load_block_norms(src, &lp, hv, eps);
-            layers.push(VisionLayer {
-                input_layernorm,
-                post_attention_layernorm,
-                pre_feedforward_layernorm,
-                post_feedforward_layernorm,
-                self_attn: VisionAttention {
-                    q_proj: ClippedLinear::load(src, &format!("{ap}.q_proj"), hv, heads * dv),
-                    k_proj: ClippedLinear::load(src, &format!("{ap}.k_proj"), hv, kv_heads * dv),
-                    v_proj: ClippedLinear::load(src, &format!("{ap}.v_proj"), hv, kv_heads * dv),
-                    o_proj: ClippedLinear::load(src, &format!("{ap}.o_proj"), heads * dv, hv),
-                    q_norm: RmsNorm::load(src, &format!("{ap}.q_norm"), dv, eps),
-                    k_norm: RmsNorm::load(src, &format!("{ap}.k_norm"), dv, eps),
-                },
-                mlp: VisionMlp {
-                    gate_proj: ClippedLinear::load(src, &format!("{mp}.gate_proj"), hv, iv),
-                    up_proj: ClippedLinear::load(src, &format!("{mp}.up_proj"), hv, iv),
-                    down_proj: ClippedLinear::load(src, &format!("{mp}.down_proj"), iv, hv),
-                },
-            });
-        }
+        let [
+            input_layernorm,
+            post_attention_layernorm,
+            pre_feedforward_layernorm,
+            post_feedforward_layernorm,
+        ] = new_block_norms(device, hv, eps);
         Self {
-            input_proj: Linear::load(
-                src,
-                &format!("{TOWER}.patch_embedder.input_proj"),
-                patch_dim,
-                hv,
-                false,
-            ),
-            position_embedding_table: Param::from_tensor(src.take::<3>(
-                &format!("{TOWER}.patch_embedder.position_embedding_table"),
-                [2, c.position_embedding_size, hv],
-                Init::Embedding,
-            )),
-            layers,
-            embedding_projection: Linear::load(
-                src,
-                &format!("{EMBED}.embedding_projection"),
-                hv,
-                text_hidden,
-                false,
-            ),
+            input_layernorm,
+            post_attention_layernorm,
+            pre_feedforward_layernorm,
+            post_feedforward_layernorm,
+            self_attn: VisionAttention {
+                q_proj: ClippedLinear::new(device, hv, heads * dv),
+                k_proj: ClippedLinear::new(device, hv, kv_heads * dv),
+                v_proj: ClippedLinear::new(device, hv, kv_heads * dv),
+                o_proj: ClippedLinear::new(device, heads * dv, hv),
+                q_norm: RmsNorm::new(device, dv, eps),
+                k_norm: RmsNorm::new(device, dv, eps),
+            },
+            mlp: VisionMlp {
+                gate_proj: ClippedLinear::new(device, hv, iv),
+                up_proj: ClippedLinear::new(device, hv, iv),
+                down_proj: ClippedLinear::new(device, iv, hv),
+            },
+        }
+    }
+}
+
+/// `model.vision_tower.encoder.layers.{i}`, `model.vision_tower.patch_embedder.*`,
+/// `model.embed_vision.embedding_projection`.
+impl<B: Backend> Weights<B> for VisionTower<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let (tower, embed) = (join(prefix, TOWER), join(prefix, EMBED));
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            layer.weights(w, &format!("{tower}.encoder.layers.{i}"));
+        }
+        let patch = join(&tower, "patch_embedder");
+        self.input_proj.weights(w, &join(&patch, "input_proj"));
+        let table = join(&patch, "position_embedding_table");
+        w.tensor(&table, &mut self.position_embedding_table, Init::Embedding);
+        self.embedding_projection
+            .weights(w, &join(&embed, "embedding_projection"));
+    }
+}
+
+impl<B: Backend> VisionTower<B> {
+    /// The tower of `c` projecting into the text width `text_hidden`, with placeholder weights.
+    pub fn new(device: &B::Device, c: &VisionConfig, text_hidden: usize) -> Self {
+        let hv = c.hidden_size;
+        let heads = c.num_attention_heads;
+        let patch_dim = 3 * c.patch_size * c.patch_size;
+        Self {
+            input_proj: Linear::new(device, patch_dim, hv, false),
+            position_embedding_table: shaped(device, [2, c.position_embedding_size, hv]),
+            layers: (0..c.num_hidden_layers)
+                .map(|_| VisionLayer::new(device, c))
+                .collect(),
+            embedding_projection: Linear::new(device, hv, text_hidden, false),
             info: VisionInfo {
                 hidden: hv,
                 heads,
-                kv_heads,
-                head_dim: dv,
+                kv_heads: c.num_key_value_heads.unwrap_or(heads),
+                head_dim: c.head_dim,
                 patch_dim,
                 pool: c.pooling_kernel_size,
                 table_size: c.position_embedding_size,
                 rope_theta: c.rope_parameters.rope_theta,
-                eps,
+                eps: c.rms_norm_eps,
             },
         }
-    }
-
-    /// Every tensor under its Hugging Face name.
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        self.input_proj
-            .export(sink, &format!("{TOWER}.patch_embedder.input_proj"));
-        sink.put(
-            &format!("{TOWER}.patch_embedder.position_embedding_table"),
-            self.position_embedding_table.val(),
-        );
-        for (i, l) in self.layers.iter().enumerate() {
-            let lp = format!("{TOWER}.encoder.layers.{i}");
-            export_block_norms(
-                sink,
-                &lp,
-                [
-                    &l.input_layernorm,
-                    &l.post_attention_layernorm,
-                    &l.pre_feedforward_layernorm,
-                    &l.post_feedforward_layernorm,
-                ],
-            );
-            let a = &l.self_attn;
-            let ap = format!("{lp}.self_attn");
-            a.q_proj.export(sink, &format!("{ap}.q_proj"));
-            a.k_proj.export(sink, &format!("{ap}.k_proj"));
-            a.v_proj.export(sink, &format!("{ap}.v_proj"));
-            a.o_proj.export(sink, &format!("{ap}.o_proj"));
-            a.q_norm.export(sink, &format!("{ap}.q_norm"));
-            a.k_norm.export(sink, &format!("{ap}.k_norm"));
-            let mp = format!("{lp}.mlp");
-            l.mlp.gate_proj.export(sink, &format!("{mp}.gate_proj"));
-            l.mlp.up_proj.export(sink, &format!("{mp}.up_proj"));
-            l.mlp.down_proj.export(sink, &format!("{mp}.down_proj"));
-        }
-        self.embedding_projection
-            .export(sink, &format!("{EMBED}.embedding_projection"));
     }
 
     /// Image embeddings `[Σ n_soft, H]` of `images` (tower, pooler, projector) and, when

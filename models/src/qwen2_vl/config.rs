@@ -5,11 +5,20 @@
 //! `rope_scaling: {"type": "mrope", "mrope_section": [...]}`). The two families name their vision
 //! widths differently: Qwen2-VL `embed_dim` (ViT width) / `hidden_size` (merger output);
 //! Qwen2.5-VL `hidden_size` (ViT width) / `out_hidden_size` (merger output).
+//!
+//! The sections are read by serde (`TextKeys`, `RopeKeys`, `VisionKeys`, every field a
+//! [`Key`]); which keys are required, defaulted or looked up at the top level is decided below,
+//! each error naming its key.
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::config_checks::{MAX_COUNT, MAX_PATCH, MAX_WIDTH, ensure_at_most, ensure_positive};
+use serde::Deserialize;
 use serde_json::Value;
+
+use crate::config_checks::{
+    DecoderSizes, Key, MAX_COUNT, MAX_PATCH, MAX_WIDTH, Section, ensure_at_most, ensure_positive,
+    ids_of, keys,
+};
 
 /// Which of the two families (they differ only in the vision tower).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +39,7 @@ impl Flavor {
     }
 }
 
-/// Text decoder settings.
+/// Text decoder settings, shared with Qwen3-VL (whose decoder is Qwen2's with q/k norms).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextConfig {
     pub vocab_size: usize,
@@ -42,12 +51,40 @@ pub struct TextConfig {
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
-    /// Slots of the half head dimension per position stream (T, H, W); sums to head_dim/2.
+    /// Qwen2: slots of the half head dimension per position stream (T, H, W), summing to
+    /// head_dim/2. Qwen3: `[T, H, W]` with only `H` and `W` read, as the limits of the
+    /// interleaved layout (see [`crate::qwen3_vl::positions::slot_streams`]).
     pub mrope_section: Vec<usize>,
     pub max_position_embeddings: usize,
     pub eos_token_ids: Vec<u32>,
     pub tie_word_embeddings: bool,
     pub initializer_range: f64,
+    /// Biases on q/k/v (Qwen2: always; Qwen3: `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on o_proj (Qwen2: never; Qwen3: `attention_bias`).
+    pub o_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
+impl TextConfig {
+    /// The checks of the decoder's sizes, named under `section` (`text`, `text_config`).
+    pub fn sizes<'a>(&self, section: &'a str, rope_theta_key: &'a str) -> DecoderSizes<'a> {
+        DecoderSizes {
+            section,
+            rope_theta_key,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_layers,
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            max_position_embeddings: self.max_position_embeddings,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+        }
+    }
 }
 
 /// Vision tower settings.
@@ -92,31 +129,75 @@ pub struct QwenVlConfig {
     pub raw: Value,
 }
 
-fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-    v.get(key).filter(|x| !x.is_null())
+/// Keys of the text section (`text_config`, or the top level of the flat layout), and the
+/// top-level keys the parser also looks up there.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TextKeys {
+    model_type: Key<String>,
+    vocab_size: Key<u64>,
+    hidden_size: Key<u64>,
+    intermediate_size: Key<u64>,
+    num_hidden_layers: Key<u64>,
+    num_attention_heads: Key<u64>,
+    num_key_value_heads: Key<u64>,
+    head_dim: Key<u64>,
+    rms_norm_eps: Key<f64>,
+    rope_theta: Key<f64>,
+    rope_parameters: Section<RopeKeys>,
+    rope_scaling: Section<RopeKeys>,
+    use_sliding_window: Key<bool>,
+    max_position_embeddings: Key<u64>,
+    eos_token_id: Key<Value>,
+    tie_word_embeddings: Key<bool>,
+    initializer_range: Key<f64>,
+    image_token_id: Key<u64>,
+    video_token_id: Key<u64>,
+    vision_start_token_id: Key<u64>,
+    vision_end_token_id: Key<u64>,
+    text_config: Section<Box<TextKeys>>,
+    vision_config: Section<VisionKeys>,
 }
 
-fn usize_of(v: &Value, key: &str, what: &str) -> Result<usize> {
-    get(v, key)
-        .and_then(Value::as_u64)
+/// `rope_parameters` / `rope_scaling`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RopeKeys {
+    rope_theta: Key<f64>,
+    mrope_section: Key<Vec<Value>>,
+}
+
+/// `vision_config` (both families' names).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct VisionKeys {
+    depth: Key<u64>,
+    embed_dim: Key<u64>,
+    hidden_size: Key<u64>,
+    out_hidden_size: Key<u64>,
+    num_heads: Key<u64>,
+    mlp_ratio: Key<f64>,
+    intermediate_size: Key<u64>,
+    in_channels: Key<u64>,
+    patch_size: Key<u64>,
+    temporal_patch_size: Key<u64>,
+    spatial_merge_size: Key<u64>,
+    window_size: Key<u64>,
+    fullatt_block_indexes: Key<Vec<Value>>,
+}
+
+/// A required size: `{what}: missing or non-integer `{key}``.
+fn size(k: Key<u64>, key: &str, what: &str) -> Result<usize> {
+    k.required(|| format!("{what}: missing or non-integer `{key}`"))
         .map(|x| x as usize)
-        .with_context(|| format!("{what}: missing or non-integer `{key}`"))
 }
 
-fn f64_of(v: &Value, key: &str) -> Option<f64> {
-    get(v, key).and_then(Value::as_f64)
-}
-
-fn ids_of(v: &Value) -> Vec<u32> {
-    match v {
-        Value::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Value::Array(a) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
-        _ => Vec::new(),
-    }
+/// The integers of a list (other entries dropped).
+fn integers(list: Vec<Value>) -> Vec<usize> {
+    list.iter()
+        .filter_map(Value::as_u64)
+        .map(|x| x as usize)
+        .collect()
 }
 
 impl QwenVlConfig {
@@ -142,22 +223,36 @@ impl QwenVlConfig {
     }
 
     pub fn from_value(root: &Value) -> Result<Self> {
-        let flavor = match get(root, "model_type").and_then(Value::as_str) {
+        let mut top: TextKeys = keys(root);
+        let flavor = match std::mem::take(&mut top.model_type).valid().as_deref() {
             Some("qwen2_vl") => Flavor::Qwen2Vl,
             Some("qwen2_5_vl") => Flavor::Qwen25Vl,
             other => bail!("config.json: model_type {other:?} is not qwen2_vl or qwen2_5_vl"),
         };
-        // Nested (transformers 5) or flat (older): text keys live in text_config or at the top.
-        let text = get(root, "text_config").unwrap_or(root);
-        let lookup = |key: &str| get(text, key).or_else(|| get(root, key));
-
-        let hidden_size = usize_of(text, "hidden_size", "text config")?;
-        let num_heads = usize_of(text, "num_attention_heads", "text config")?;
+        let vision_keys = std::mem::take(&mut top.vision_config);
+        // Nested (transformers 5) or flat (older): text keys live in text_config or at the top;
+        // the optional ones (and the token ids) are looked up in text_config, then at the top.
+        let (mut text, mut top) = match std::mem::take(&mut top.text_config) {
+            Section::Present(text) => (*text, top),
+            Section::Absent => (top, TextKeys::default()),
+        };
+        macro_rules! lookup {
+            ($key:ident) => {
+                std::mem::take(&mut text.$key).or(std::mem::take(&mut top.$key))
+            };
+        }
+        let what = "text config";
+        let hidden_size = size(std::mem::take(&mut text.hidden_size), "hidden_size", what)?;
+        let num_heads = size(
+            std::mem::take(&mut text.num_attention_heads),
+            "num_attention_heads",
+            what,
+        )?;
         ensure!(
             num_heads > 0,
             "config.json: text num_attention_heads must be at least 1 (got 0)"
         );
-        let head_dim = match lookup("head_dim").and_then(Value::as_u64) {
+        let head_dim = match lookup!(head_dim).valid() {
             Some(h) => h as usize,
             None => {
                 ensure!(
@@ -167,20 +262,19 @@ impl QwenVlConfig {
                 hidden_size / num_heads
             }
         };
-        let rope = lookup("rope_parameters").or_else(|| lookup("rope_scaling"));
+        let rope = lookup!(rope_parameters)
+            .or(lookup!(rope_scaling))
+            .present()
+            .unwrap_or_default();
         let rope_theta = rope
-            .and_then(|r| f64_of(r, "rope_theta"))
-            .or_else(|| lookup("rope_theta").and_then(Value::as_f64))
+            .rope_theta
+            .valid()
+            .or(lookup!(rope_theta).valid())
             .unwrap_or(1_000_000.0);
-        let mrope_section: Vec<usize> = rope
-            .and_then(|r| get(r, "mrope_section"))
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_u64)
-                    .map(|x| x as usize)
-                    .collect()
-            })
+        let mrope_section = rope
+            .mrope_section
+            .valid()
+            .map(integers)
             .context("config.json: no mrope_section in rope_parameters / rope_scaling")?;
         if mrope_section
             .iter()
@@ -192,81 +286,91 @@ impl QwenVlConfig {
                 head_dim / 2
             );
         }
-        if lookup("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+        if lookup!(use_sliding_window).valid() == Some(true) {
             bail!(
                 "config.json: use_sliding_window = true is not supported (Qwen2 VL checkpoints use full attention)"
             );
         }
-        let tie_word_embeddings = get(root, "tie_word_embeddings")
-            .or_else(|| get(text, "tie_word_embeddings"))
-            .and_then(Value::as_bool)
+        // The top level first.
+        let tie_word_embeddings = std::mem::take(&mut top.tie_word_embeddings)
+            .or(std::mem::take(&mut text.tie_word_embeddings))
+            .valid()
             .unwrap_or(false);
         let text_cfg = TextConfig {
-            vocab_size: usize_of(text, "vocab_size", "text config")?,
+            vocab_size: size(std::mem::take(&mut text.vocab_size), "vocab_size", what)?,
             hidden_size,
-            intermediate_size: usize_of(text, "intermediate_size", "text config")?,
-            num_layers: usize_of(text, "num_hidden_layers", "text config")?,
+            intermediate_size: size(
+                std::mem::take(&mut text.intermediate_size),
+                "intermediate_size",
+                what,
+            )?,
+            num_layers: size(
+                std::mem::take(&mut text.num_hidden_layers),
+                "num_hidden_layers",
+                what,
+            )?,
             num_heads,
-            num_kv_heads: lookup("num_key_value_heads")
-                .and_then(Value::as_u64)
+            num_kv_heads: lookup!(num_key_value_heads)
+                .valid()
                 .map(|x| x as usize)
                 .unwrap_or(num_heads),
             head_dim,
-            rms_norm_eps: lookup("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
+            rms_norm_eps: lookup!(rms_norm_eps).valid().unwrap_or(1e-6),
             rope_theta,
             mrope_section,
-            max_position_embeddings: lookup("max_position_embeddings")
-                .and_then(Value::as_u64)
+            max_position_embeddings: lookup!(max_position_embeddings)
+                .valid()
                 .map(|x| x as usize)
                 .unwrap_or(32768),
-            eos_token_ids: lookup("eos_token_id").map(ids_of).unwrap_or_default(),
+            eos_token_ids: lookup!(eos_token_id)
+                .value()
+                .map(|v| ids_of(&v))
+                .unwrap_or_default(),
             tie_word_embeddings,
-            initializer_range: lookup("initializer_range")
-                .and_then(Value::as_f64)
-                .unwrap_or(0.02),
+            initializer_range: lookup!(initializer_range).valid().unwrap_or(0.02),
+            qkv_bias: true,
+            o_bias: false,
+            qk_norm: false,
         };
 
-        let v = get(root, "vision_config").context("config.json: no vision_config")?;
+        let v = vision_keys
+            .present()
+            .context("config.json: no vision_config")?;
         let what = "vision_config";
+        let in_channels = v.in_channels.valid().map(|x| x as usize).unwrap_or(3);
         let vision = match flavor {
             Flavor::Qwen2Vl => {
-                let width = usize_of(v, "embed_dim", what)?;
-                let ratio = f64_of(v, "mlp_ratio").unwrap_or(4.0);
+                let width = size(v.embed_dim, "embed_dim", what)?;
+                let ratio = v.mlp_ratio.valid().unwrap_or(4.0);
                 VisionConfig {
-                    depth: usize_of(v, "depth", what)?,
+                    depth: size(v.depth, "depth", what)?,
                     width,
-                    num_heads: usize_of(v, "num_heads", what)?,
+                    num_heads: size(v.num_heads, "num_heads", what)?,
                     mlp_hidden: (width as f64 * ratio) as usize,
-                    out_width: usize_of(v, "hidden_size", what)?,
-                    in_channels: usize_of(v, "in_channels", what).unwrap_or(3),
-                    patch_size: usize_of(v, "patch_size", what)?,
-                    temporal_patch_size: usize_of(v, "temporal_patch_size", what)?,
-                    spatial_merge_size: usize_of(v, "spatial_merge_size", what)?,
+                    out_width: size(v.hidden_size, "hidden_size", what)?,
+                    in_channels,
+                    patch_size: size(v.patch_size, "patch_size", what)?,
+                    temporal_patch_size: size(v.temporal_patch_size, "temporal_patch_size", what)?,
+                    spatial_merge_size: size(v.spatial_merge_size, "spatial_merge_size", what)?,
                     window_size: 0,
                     fullatt_block_indexes: Vec::new(),
                 }
             }
             Flavor::Qwen25Vl => VisionConfig {
-                depth: usize_of(v, "depth", what)?,
-                width: usize_of(v, "hidden_size", what)?,
-                num_heads: usize_of(v, "num_heads", what)?,
-                mlp_hidden: usize_of(v, "intermediate_size", what)?,
-                out_width: usize_of(v, "out_hidden_size", what)?,
-                in_channels: usize_of(v, "in_channels", what).unwrap_or(3),
-                patch_size: usize_of(v, "patch_size", what)?,
-                temporal_patch_size: usize_of(v, "temporal_patch_size", what)?,
-                spatial_merge_size: usize_of(v, "spatial_merge_size", what)?,
-                window_size: usize_of(v, "window_size", what)?,
-                fullatt_block_indexes: get(v, "fullatt_block_indexes")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_u64)
-                            .map(|x| x as usize)
-                            .collect()
-                    })
+                depth: size(v.depth, "depth", what)?,
+                width: size(v.hidden_size, "hidden_size", what)?,
+                num_heads: size(v.num_heads, "num_heads", what)?,
+                mlp_hidden: size(v.intermediate_size, "intermediate_size", what)?,
+                out_width: size(v.out_hidden_size, "out_hidden_size", what)?,
+                in_channels,
+                patch_size: size(v.patch_size, "patch_size", what)?,
+                temporal_patch_size: size(v.temporal_patch_size, "temporal_patch_size", what)?,
+                spatial_merge_size: size(v.spatial_merge_size, "spatial_merge_size", what)?,
+                window_size: size(v.window_size, "window_size", what)?,
+                fullatt_block_indexes: v
+                    .fullatt_block_indexes
+                    .valid()
+                    .map(integers)
                     .unwrap_or_default(),
             },
         };
@@ -277,21 +381,19 @@ impl QwenVlConfig {
                 text_cfg.hidden_size
             );
         }
-        let token = |key: &str| -> Result<u32> {
-            lookup(key)
-                .and_then(Value::as_u64)
+        let token = |k: Key<u64>, key: &str| -> Result<u32> {
+            k.required(|| format!("config.json: missing `{key}`"))
                 .map(|x| x as u32)
-                .with_context(|| format!("config.json: missing `{key}`"))
         };
         check_sizes(&text_cfg, &vision)?;
         Ok(Self {
             flavor,
             text: text_cfg,
             vision,
-            image_token_id: token("image_token_id")?,
-            video_token_id: token("video_token_id")?,
-            vision_start_token_id: token("vision_start_token_id")?,
-            vision_end_token_id: token("vision_end_token_id")?,
+            image_token_id: token(lookup!(image_token_id), "image_token_id")?,
+            video_token_id: token(lookup!(video_token_id), "video_token_id")?,
+            vision_start_token_id: token(lookup!(vision_start_token_id), "vision_start_token_id")?,
+            vision_end_token_id: token(lookup!(vision_end_token_id), "vision_end_token_id")?,
             raw: root.clone(),
         })
     }
@@ -301,14 +403,9 @@ impl QwenVlConfig {
 /// divide, implausibly large sizes, odd rotary widths, vision windows that are not whole merged
 /// patches, full-attention blocks past the depth, non-positive epsilons and RoPE bases.
 fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
+    let text = t.sizes("text", "rope_theta");
+    text.ensure_positive()?;
     let positive = [
-        ("text vocab_size", t.vocab_size),
-        ("text hidden_size", t.hidden_size),
-        ("text intermediate_size", t.intermediate_size),
-        ("text num_hidden_layers", t.num_layers),
-        ("text num_key_value_heads", t.num_kv_heads),
-        ("text head_dim", t.head_dim),
-        ("text max_position_embeddings", t.max_position_embeddings),
         ("vision_config depth", v.depth),
         ("vision_config width (embed_dim / hidden_size)", v.width),
         ("vision_config num_heads", v.num_heads),
@@ -324,14 +421,8 @@ fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
     ensure_positive("config.json: ", &positive)?;
     // Upper bounds far above any real checkpoint, so that a mistyped size is an error naming
     // its key rather than a build that allocates (or loops over) what it claims.
+    text.ensure_bounded()?;
     let bounded = [
-        ("text vocab_size", t.vocab_size, MAX_WIDTH),
-        ("text hidden_size", t.hidden_size, MAX_WIDTH),
-        ("text intermediate_size", t.intermediate_size, MAX_WIDTH),
-        ("text head_dim", t.head_dim, MAX_WIDTH),
-        ("text num_hidden_layers", t.num_layers, MAX_COUNT),
-        ("text num_attention_heads", t.num_heads, MAX_COUNT),
-        ("text num_key_value_heads", t.num_kv_heads, MAX_COUNT),
         ("vision_config depth", v.depth, MAX_COUNT),
         (
             "vision_config width (embed_dim / hidden_size)",
@@ -359,17 +450,7 @@ fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
         ("vision_config window_size", v.window_size, MAX_WIDTH),
     ];
     ensure_at_most("config.json: ", &bounded)?;
-    ensure!(
-        t.num_heads.is_multiple_of(t.num_kv_heads),
-        "config.json: text num_attention_heads {} is not a multiple of num_key_value_heads {}",
-        t.num_heads,
-        t.num_kv_heads
-    );
-    ensure!(
-        t.head_dim.is_multiple_of(2),
-        "config.json: text head_dim {} is odd (rotary embeddings rotate pairs)",
-        t.head_dim
-    );
+    text.ensure_divisible()?;
     ensure!(
         v.width.is_multiple_of(v.num_heads),
         "config.json: vision_config width {} is not a multiple of num_heads {}",
@@ -393,15 +474,6 @@ fn check_sizes(t: &TextConfig, v: &VisionConfig) -> Result<()> {
             v.depth
         );
     }
-    ensure!(
-        t.rms_norm_eps.is_finite() && t.rms_norm_eps > 0.0,
-        "config.json: text rms_norm_eps must be a positive number (got {})",
-        t.rms_norm_eps
-    );
-    ensure!(
-        t.rope_theta.is_finite() && t.rope_theta > 0.0,
-        "config.json: rope_theta must be a positive number (got {})",
-        t.rope_theta
-    );
+    text.ensure_positive_floats()?;
     Ok(())
 }

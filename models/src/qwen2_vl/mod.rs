@@ -15,8 +15,12 @@ pub mod vision;
 use anyhow::Result;
 use burn::prelude::*;
 
-use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
-use crate::weights::{WeightSource, WeightVisitor};
+use burn::module::ModuleVisitor;
+
+use crate::capabilities::{CausalLm, KvCache, MultimodalPositions, ProcessedImage, Vision};
+use crate::family::{FamilyConfig, FamilyModel};
+use crate::registry::ImageProcessorLoader;
+use crate::weights::{WeightNames, Weights};
 pub use config::{Flavor, QwenVlConfig};
 pub use positions::{MropePositions, VideoTime};
 use text::TextModel;
@@ -31,14 +35,25 @@ pub struct QwenVl<B: Backend> {
     pub positions: MropePositions,
 }
 
-impl<B: Backend> QwenVl<B> {
-    /// Builds the model from `config`, taking every weight from `src`.
-    pub fn load(src: &mut dyn WeightSource<B>, config: &QwenVlConfig) -> Self {
-        let visual = VisionTower::load(src, &config.vision, config.flavor);
-        let text = TextModel::load(src, &config.text);
+impl FamilyConfig for QwenVlConfig {
+    const IMAGE_PROCESSOR: Option<ImageProcessorLoader> = Some(processor::load_boxed);
+
+    fn parse(json: &serde_json::Value) -> Result<Self> {
+        Self::from_value(json)
+    }
+
+    fn initializer_range(&self) -> f64 {
+        self.text.initializer_range
+    }
+}
+
+impl<B: Backend> FamilyModel<B> for QwenVl<B> {
+    type Config = QwenVlConfig;
+
+    fn new(device: &B::Device, config: &QwenVlConfig) -> Self {
         Self {
-            text,
-            visual,
+            visual: VisionTower::new(device, &config.vision, config.flavor),
+            text: TextModel::new(device, &config.text),
             config: config.clone(),
             positions: MropePositions {
                 image_token_id: config.image_token_id,
@@ -54,12 +69,40 @@ impl<B: Backend> QwenVl<B> {
         }
     }
 
-    /// Every weight under its legacy hub name (`visual.*`, `model.*`, `lm_head.weight`).
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        self.visual.export(sink);
-        self.text.export(sink);
+    fn config_json(&self) -> String {
+        self.config.to_json()
     }
 
+    fn model_type(&self) -> &'static str {
+        self.config.flavor.model_type()
+    }
+
+    fn vision(&self) -> Option<&dyn Vision<B>> {
+        Some(self)
+    }
+
+    /// The whole `visual` module — patch embedding, blocks and the patch merger (projector into
+    /// the text width) — exactly the module verl freezes, since transformers'
+    /// `Qwen2VisionTransformerPretrainedModel` owns `merger`.
+    fn visit_vision_tower<V: ModuleVisitor<B>>(&self, visitor: &mut V) {
+        self.visual.visit(visitor)
+    }
+
+    fn multimodal_positions(&self) -> Option<&dyn MultimodalPositions> {
+        Some(&self.positions)
+    }
+}
+
+/// Every weight under its legacy hub name: `visual.*` (the tower and its merger), then the
+/// decoder `model.*` and `lm_head.weight`.
+impl<B: Backend> Weights<B> for QwenVl<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.visual.weights(w, prefix);
+        self.text.weights(w, prefix);
+    }
+}
+
+impl<B: Backend> QwenVl<B> {
     /// Image embeddings with the vision intermediates (for parity tests).
     pub fn embed_images_traced(
         &self,
@@ -73,47 +116,56 @@ impl<B: Backend> QwenVl<B> {
     }
 }
 
-impl<B: Backend> CausalLm<B> for QwenVl<B> {
-    fn embed_tokens(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.text.embed(ids)
-    }
+/// The [`CausalLm`] of a Qwen model struct with a decoder `text` (`embed`, `forward`, `logits`,
+/// `layers`) and a [`config::TextConfig`] at `config.text`: Qwen2-VL's and Qwen3-VL's.
+macro_rules! qwen_causal_lm {
+    ($model:ident) => {
+        impl<B: Backend> CausalLm<B> for $model<B> {
+            fn embed_tokens(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+                self.text.embed(ids)
+            }
 
-    fn forward_hidden(
-        &self,
-        _ids: Tensor<B, 2, Int>,
-        embeds: Tensor<B, 3>,
-        positions: Tensor<B, 3, Int>,
-        attention_mask: Tensor<B, 2, Int>,
-        cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
-        self.text
-            .forward(embeds, positions, attention_mask, cache, None)
-    }
+            fn forward_hidden(
+                &self,
+                _ids: Tensor<B, 2, Int>,
+                embeds: Tensor<B, 3>,
+                positions: Tensor<B, 3, Int>,
+                attention_mask: Tensor<B, 2, Int>,
+                cache: Option<&mut KvCache<B>>,
+            ) -> Tensor<B, 3> {
+                self.text
+                    .forward(embeds, positions, attention_mask, cache, None)
+            }
 
-    fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.text.logits(hidden)
-    }
+            fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+                self.text.logits(hidden)
+            }
 
-    fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.text.layers.len())
-    }
+            fn new_cache(&self) -> KvCache<B> {
+                KvCache::new(self.text.layers.len())
+            }
 
-    fn vocab_size(&self) -> usize {
-        self.config.text.vocab_size
-    }
+            fn vocab_size(&self) -> usize {
+                self.config.text.vocab_size
+            }
 
-    fn eos_token_ids(&self) -> Vec<u32> {
-        self.config.text.eos_token_ids.clone()
-    }
+            fn eos_token_ids(&self) -> Vec<u32> {
+                self.config.text.eos_token_ids.clone()
+            }
 
-    fn context_length(&self) -> usize {
-        self.config.text.max_position_embeddings
-    }
+            fn context_length(&self) -> usize {
+                self.config.text.max_position_embeddings
+            }
 
-    fn hidden_size(&self) -> usize {
-        self.config.text.hidden_size
-    }
+            fn hidden_size(&self) -> usize {
+                self.config.text.hidden_size
+            }
+        }
+    };
 }
+pub(crate) use qwen_causal_lm;
+
+qwen_causal_lm!(QwenVl);
 
 impl<B: Backend> Vision<B> for QwenVl<B> {
     fn image_token_id(&self) -> u32 {

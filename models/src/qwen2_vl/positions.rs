@@ -13,6 +13,7 @@
 
 use anyhow::{Result, bail, ensure};
 
+use super::vision::grid_thw;
 use crate::capabilities::{MultimodalPositions, PaddedBatch, PositionIds, ProcessedImage};
 
 /// How a family spaces the temporal positions of a video's temporal patches.
@@ -52,12 +53,7 @@ impl MropePositions {
     pub fn runs(&self, images: &[ProcessedImage]) -> Result<Vec<VisionRun>> {
         let mut runs = Vec::with_capacity(images.len());
         for (k, img) in images.iter().enumerate() {
-            ensure!(
-                img.grid.len() == 3,
-                "image {k}: grid {:?} is not [t, h, w]",
-                img.grid
-            );
-            let grid = [img.grid[0], img.grid[1], img.grid[2]];
+            let grid = grid_thw(k, img)?;
             let Some(video) = &img.video else {
                 runs.push(VisionRun {
                     grid,

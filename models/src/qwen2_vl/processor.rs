@@ -263,27 +263,13 @@ impl Qwen2VlImageProcessor {
         );
         let raw = resized.as_raw();
         let row_len = 3 * tp * p * p;
-        let mut pixel_values = Vec::with_capacity(gh * gw * row_len);
-        for bh in 0..gh / m {
-            for bw in 0..gw / m {
-                for mh in 0..m {
-                    for mw in 0..m {
-                        let (py, px) = (bh * m + mh, bw * m + mw);
-                        for ch in 0..3 {
-                            for _t in 0..tp {
-                                for y in 0..p {
-                                    let row = (py * p + y) * width;
-                                    for x in 0..p {
-                                        let u = raw[(row + px * p + x) * 3 + ch];
-                                        pixel_values.push(scale.apply(u, ch));
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let pixel_values = patch_rows(
+            [1, gh, gw],
+            [p, m, tp],
+            width,
+            |_| &raw[..],
+            |u, ch| scale.apply(u, ch),
+        );
         Ok(ProcessedImage {
             pixel_values,
             shape: vec![gh * gw, row_len],
@@ -293,6 +279,50 @@ impl Qwen2VlImageProcessor {
             video: None,
         })
     }
+}
+
+/// Patch rows of `gt` temporal patches of `tp` frames each, `grid = [gt, gh, gw]` patches of
+/// `p`×`p` pixels merged `m`×`m`, from RGB frames `width` pixels wide: row
+/// `((tt·(gh/m) + bh)·(gw/m) + bw)·m² + mh·m + mw`, column `((c·T + f)·p + y)·p + x` holds
+/// `scale` of the value of frame `tt·T + f` (`frame` maps a frame index to its RGB bytes).
+/// Shared by the image and video processors.
+pub(crate) fn patch_rows<'a>(
+    [gt, gh, gw]: [usize; 3],
+    [p, m, tp]: [usize; 3],
+    width: usize,
+    frame: impl Fn(usize) -> &'a [u8],
+    scale: impl Fn(u8, usize) -> f32,
+) -> Vec<f32> {
+    let mut pixel_values = Vec::with_capacity(gt * gh * gw * 3 * tp * p * p);
+    for tt in 0..gt {
+        for bh in 0..gh / m {
+            for bw in 0..gw / m {
+                for mh in 0..m {
+                    for mw in 0..m {
+                        let (py, px) = (bh * m + mh, bw * m + mw);
+                        for ch in 0..3 {
+                            for f in 0..tp {
+                                let raw = frame(tt * tp + f);
+                                for y in 0..p {
+                                    let row = (py * p + y) * width;
+                                    for x in 0..p {
+                                        let u = raw[(row + px * p + x) * 3 + ch];
+                                        pixel_values.push(scale(u, ch));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    pixel_values
+}
+
+/// [`Qwen2VlImageProcessor::from_dir`], boxed: the family's `FamilyConfig::IMAGE_PROCESSOR`.
+pub fn load_boxed(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
+    Ok(Box::new(Qwen2VlImageProcessor::from_dir(dir)?))
 }
 
 impl ImageProcessor for Qwen2VlImageProcessor {

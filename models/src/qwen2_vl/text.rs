@@ -1,4 +1,6 @@
-//! The Qwen2 text decoder shared by Qwen2-VL and Qwen2.5-VL (HF `Qwen2VLTextModel`).
+//! The Qwen2 text decoder shared by Qwen2-VL and Qwen2.5-VL (HF `Qwen2VLTextModel`), and the
+//! pieces Qwen3-VL's decoder shares with it ([`DecoderLayer`], [`DecoderShape`], [`run_layers`],
+//! [`new_stack`] / [`stack_weights`], [`embed`], [`logits`]).
 //!
 //! Layer: `h += o_proj(attn(RMSNorm(h)))`, `h += down(silu(gate(a)) ⊙ up(a))` with
 //! `a = RMSNorm(h)`; q/k/v carry biases, o_proj and the MLP do not; RoPE is multimodal (three
@@ -12,80 +14,43 @@ use burn::tensor::DType;
 use super::config::TextConfig;
 use crate::capabilities::KvCache;
 use crate::layers::{
-    Linear, RmsNorm, Rotary, SwiGluMlp, causal_padding_bias, grouped_attention_bias,
-    grouped_query_attention, inv_freq, rope_tables,
+    Attention, AttentionShape, RmsNorm, Rotary, SwiGluMlp, causal_padding_bias,
+    grouped_attention_bias, inv_freq, rope_tables,
 };
-use crate::weights::{Init, WeightSource, WeightVisitor};
+use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
-/// Self-attention of one decoder layer.
-#[derive(Module, Debug)]
-pub struct TextAttention<B: Backend> {
-    pub q_proj: Linear<B>,
-    pub k_proj: Linear<B>,
-    pub v_proj: Linear<B>,
-    pub o_proj: Linear<B>,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
+/// Sizes of a Qwen decoder (both families' text configs give one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecoderShape {
+    pub vocab: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub eps: f64,
+    pub tie_word_embeddings: bool,
+    pub attention: AttentionShape,
 }
 
-impl<B: Backend> TextAttention<B> {
-    fn load(src: &mut dyn WeightSource<B>, prefix: &str, c: &TextConfig) -> Self {
-        let q = c.num_heads * c.head_dim;
-        let kv = c.num_kv_heads * c.head_dim;
-        Self {
-            q_proj: Linear::load(src, &format!("{prefix}.q_proj"), c.hidden_size, q, true),
-            k_proj: Linear::load(src, &format!("{prefix}.k_proj"), c.hidden_size, kv, true),
-            v_proj: Linear::load(src, &format!("{prefix}.v_proj"), c.hidden_size, kv, true),
-            o_proj: Linear::load(src, &format!("{prefix}.o_proj"), q, c.hidden_size, false),
-            num_heads: c.num_heads,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
+impl TextConfig {
+    /// The decoder's sizes (Qwen2: q/k/v biases, no o bias, no q/k norms; Qwen3: norms).
+    pub fn shape(&self) -> DecoderShape {
+        DecoderShape {
+            vocab: self.vocab_size,
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            layers: self.num_layers,
+            eps: self.rms_norm_eps,
+            tie_word_embeddings: self.tie_word_embeddings,
+            attention: AttentionShape {
+                hidden: self.hidden_size,
+                heads: self.num_heads,
+                kv_heads: self.num_kv_heads,
+                head_dim: self.head_dim,
+                qkv_bias: self.qkv_bias,
+                o_bias: self.o_bias,
+                qk_norm_eps: self.qk_norm.then_some(self.rms_norm_eps),
+            },
         }
-    }
-
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        self.q_proj.export(sink, &format!("{prefix}.q_proj"));
-        self.k_proj.export(sink, &format!("{prefix}.k_proj"));
-        self.v_proj.export(sink, &format!("{prefix}.v_proj"));
-        self.o_proj.export(sink, &format!("{prefix}.o_proj"));
-    }
-
-    /// `x` `[b, l, hidden]`; `rope_q`/`rope_k` for `[b, l, heads, head_dim]` and
-    /// `[b, l, kv_heads, head_dim]`; bias `[b, kv_heads, group·l, past + l]`
-    /// ([`grouped_attention_bias`]). RoPE is applied before the heads are moved forward, while
-    /// the projections' outputs are still contiguous.
-    fn forward(
-        &self,
-        x: Tensor<B, 3>,
-        rope_q: &Rotary<B>,
-        rope_k: &Rotary<B>,
-        bias: Tensor<B, 4>,
-        cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
-    ) -> Tensor<B, 3> {
-        let [b, l, _] = x.dims();
-        let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = rope_q
-            .apply(self.q_proj.forward(x.clone()).reshape([b, l, h, d]))
-            .swap_dims(1, 2);
-        let mut k = rope_k
-            .apply(self.k_proj.forward(x.clone()).reshape([b, l, kvh, d]))
-            .swap_dims(1, 2);
-        let mut v = self
-            .v_proj
-            .forward(x)
-            .reshape([b, l, kvh, d])
-            .swap_dims(1, 2);
-        if let Some(slot) = cache {
-            if let Some((pk, pv)) = slot.take() {
-                k = Tensor::cat(vec![pk, k], 2);
-                v = Tensor::cat(vec![pv, v], 2);
-            }
-            *slot = Some((k.clone(), v.clone()));
-        }
-        let out = grouped_query_attention(q, k, v, bias, 1.0 / (d as f64).sqrt());
-        self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([b, l, h * d]))
     }
 }
 
@@ -93,46 +58,178 @@ impl<B: Backend> TextAttention<B> {
 #[derive(Module, Debug)]
 pub struct DecoderLayer<B: Backend> {
     pub input_layernorm: RmsNorm<B>,
-    pub self_attn: TextAttention<B>,
+    pub self_attn: Attention<B>,
     pub post_attention_layernorm: RmsNorm<B>,
     pub mlp: SwiGluMlp<B>,
 }
 
 impl<B: Backend> DecoderLayer<B> {
-    fn load(src: &mut dyn WeightSource<B>, prefix: &str, c: &TextConfig) -> Self {
-        let eps = c.rms_norm_eps;
+    fn new(device: &B::Device, c: &DecoderShape) -> Self {
         Self {
-            input_layernorm: RmsNorm::load(
-                src,
-                &format!("{prefix}.input_layernorm"),
-                c.hidden_size,
-                eps,
-            ),
-            self_attn: TextAttention::load(src, &format!("{prefix}.self_attn"), c),
-            post_attention_layernorm: RmsNorm::load(
-                src,
-                &format!("{prefix}.post_attention_layernorm"),
-                c.hidden_size,
-                eps,
-            ),
-            mlp: SwiGluMlp::load(
-                src,
-                &format!("{prefix}.mlp"),
-                c.hidden_size,
-                c.intermediate_size,
-                false,
-            ),
+            input_layernorm: RmsNorm::new(device, c.hidden, c.eps),
+            self_attn: Attention::new(device, &c.attention),
+            post_attention_layernorm: RmsNorm::new(device, c.hidden, c.eps),
+            mlp: SwiGluMlp::new(device, c.hidden, c.intermediate, false),
         }
     }
+}
 
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        self.input_layernorm
-            .export(sink, &format!("{prefix}.input_layernorm"));
-        self.self_attn.export(sink, &format!("{prefix}.self_attn"));
+impl<B: Backend> Weights<B> for DecoderLayer<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(prefix, name);
+        self.input_layernorm.weights(w, &at("input_layernorm"));
+        self.self_attn.weights(w, &at("self_attn"));
         self.post_attention_layernorm
-            .export(sink, &format!("{prefix}.post_attention_layernorm"));
-        self.mlp.export(sink, &format!("{prefix}.mlp"));
+            .weights(w, &at("post_attention_layernorm"));
+        self.mlp.weights(w, &at("mlp"));
     }
+}
+
+/// The weights of a Qwen decoder as built: `[vocab, hidden]` embeddings, layers, final norm
+/// and the LM head (`None` when tied to the embeddings).
+pub struct Stack<B: Backend> {
+    pub embed_tokens: Param<Tensor<B, 2>>,
+    pub layers: Vec<DecoderLayer<B>>,
+    pub norm: RmsNorm<B>,
+    pub lm_head: Option<Param<Tensor<B, 2>>>,
+}
+
+/// A decoder of sizes `c` with placeholder weights (filled by [`stack_weights`]).
+pub fn new_stack<B: Backend>(device: &B::Device, c: &DecoderShape) -> Stack<B> {
+    Stack {
+        embed_tokens: shaped(device, [c.vocab, c.hidden]),
+        layers: (0..c.layers)
+            .map(|_| DecoderLayer::new(device, c))
+            .collect(),
+        norm: RmsNorm::new(device, c.hidden, c.eps),
+        lm_head: (!c.tie_word_embeddings).then(|| shaped(device, [c.vocab, c.hidden])),
+    }
+}
+
+/// `{prefix}.embed_tokens`, `{prefix}.layers.{i}`, `{prefix}.norm` and `lm_head.weight` (a
+/// stored one ignored when the embeddings are tied).
+pub fn stack_weights<B: Backend, W: WeightNames<B>>(
+    w: &mut W,
+    prefix: &str,
+    embed_tokens: &mut Param<Tensor<B, 2>>,
+    layers: &mut [DecoderLayer<B>],
+    norm: &mut RmsNorm<B>,
+    lm_head: &mut Option<Param<Tensor<B, 2>>>,
+) {
+    w.tensor(
+        &join(prefix, "embed_tokens.weight"),
+        embed_tokens,
+        Init::Embedding,
+    );
+    for (i, layer) in layers.iter_mut().enumerate() {
+        layer.weights(w, &format!("{prefix}.layers.{i}"));
+    }
+    norm.weights(w, &join(prefix, "norm"));
+    match lm_head {
+        Some(head) => w.tensor("lm_head.weight", head, Init::Matrix),
+        None => w.ignore("lm_head.weight"),
+    }
+}
+
+/// `[b, l, hidden]` embeddings of `ids` `[b, l]` from the `[vocab, hidden]` table.
+pub fn embed<B: Backend>(
+    embed_tokens: &Param<Tensor<B, 2>>,
+    ids: Tensor<B, 2, Int>,
+) -> Tensor<B, 3> {
+    let [b, l] = ids.dims();
+    let w = embed_tokens.val();
+    let hidden = w.dims()[1];
+    w.select(0, ids.reshape([b * l])).reshape([b, l, hidden])
+}
+
+/// `hidden · Wᵀ` with the LM head (or the tied embedding table), returned in f32.
+pub fn logits<B: Backend>(
+    embed_tokens: &Param<Tensor<B, 2>>,
+    lm_head: &Option<Param<Tensor<B, 2>>>,
+    hidden: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    let w = match lm_head {
+        Some(w) => w.val(),
+        None => embed_tokens.val(),
+    };
+    let [b, l, d] = hidden.dims();
+    let v = w.dims()[0];
+    hidden
+        .reshape([b * l, d])
+        .matmul(w.transpose())
+        .reshape([b, l, v])
+        .cast(DType::F32)
+}
+
+/// Intermediate decoder outputs for parity tests.
+pub struct TextTrace<B: Backend> {
+    /// Output of layer k before its DeepStack addition, for each layer that gets one.
+    pub before_deepstack: Vec<Tensor<B, 3>>,
+    /// The residual stream after every layer, DeepStack addition included.
+    pub layer_out: Vec<Tensor<B, 3>>,
+}
+
+impl<B: Backend> Default for TextTrace<B> {
+    fn default() -> Self {
+        Self {
+            before_deepstack: Vec::new(),
+            layer_out: Vec::new(),
+        }
+    }
+}
+
+/// The decoder layers over `h` `[b, l, hidden]` with RoPE tables `cos`/`sin` `[b, l, head_dim]`,
+/// a causal + padding mask from `attention_mask` `[b, past + l]` and the optional KV cache;
+/// `deepstack[k]` (Qwen3-VL) is added to the residual stream after layer k. Returns the
+/// residual stream after the last layer (before the final norm).
+#[allow(clippy::too_many_arguments)]
+pub fn run_layers<B: Backend>(
+    layers: &[DecoderLayer<B>],
+    mut h: Tensor<B, 3>,
+    deepstack: &[Tensor<B, 3>],
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
+    attention_mask: Tensor<B, 2, Int>,
+    mut cache: Option<&mut KvCache<B>>,
+    mut trace: Option<&mut TextTrace<B>>,
+) -> Tensor<B, 3> {
+    let l = h.dims()[1];
+    let (heads, kv_heads) = layers
+        .first()
+        .map(|layer| (layer.self_attn.num_heads, layer.self_attn.num_kv_heads))
+        .unwrap_or((1, 1));
+    let rope_q = Rotary::new(cos.clone(), sin.clone(), heads);
+    let rope_k = Rotary::new(cos, sin, kv_heads);
+    let bias = grouped_attention_bias(
+        causal_padding_bias(attention_mask, l),
+        kv_heads,
+        heads / kv_heads,
+    );
+    for (i, layer) in layers.iter().enumerate() {
+        let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+        let a = layer.self_attn.forward(
+            layer.input_layernorm.forward(h.clone()),
+            &rope_q,
+            &rope_k,
+            bias.clone(),
+            slot,
+        );
+        h = h + a;
+        let m = layer
+            .mlp
+            .forward(layer.post_attention_layernorm.forward(h.clone()));
+        h = h + m;
+        if let Some(feature) = deepstack.get(i) {
+            if let Some(t) = trace.as_deref_mut() {
+                t.before_deepstack.push(h.clone());
+            }
+            h = h + feature.clone();
+        }
+        if let Some(t) = trace.as_deref_mut() {
+            t.layer_out.push(h.clone());
+        }
+    }
+    h
 }
 
 /// Embeddings, decoder layers, final norm and LM head.
@@ -148,55 +245,37 @@ pub struct TextModel<B: Backend> {
     pub mrope_section: Vec<usize>,
 }
 
-impl<B: Backend> TextModel<B> {
-    /// Loads `model.*` (and `lm_head.weight` unless embeddings are tied).
-    pub fn load(src: &mut dyn WeightSource<B>, c: &TextConfig) -> Self {
-        let embed = src.take2(
-            "model.embed_tokens.weight",
-            [c.vocab_size, c.hidden_size],
-            Init::Embedding,
-        );
-        let layers = (0..c.num_layers)
-            .map(|i| DecoderLayer::load(src, &format!("model.layers.{i}"), c))
-            .collect();
-        let norm = RmsNorm::load(src, "model.norm", c.hidden_size, c.rms_norm_eps);
-        let lm_head = if c.tie_word_embeddings {
-            src.ignore("lm_head.weight");
-            None
-        } else {
-            Some(Param::from_tensor(src.take2(
-                "lm_head.weight",
-                [c.vocab_size, c.hidden_size],
-                Init::Matrix,
-            )))
-        };
-        Self {
-            embed_tokens: Param::from_tensor(embed),
+/// `model.*` and `lm_head.weight` ([`stack_weights`]).
+impl<B: Backend> Weights<B> for TextModel<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let (embed, layers, norm) = (&mut self.embed_tokens, &mut self.layers, &mut self.norm);
+        stack_weights(
+            w,
+            &join(prefix, "model"),
+            embed,
             layers,
             norm,
-            lm_head,
+            &mut self.lm_head,
+        );
+    }
+}
+
+impl<B: Backend> TextModel<B> {
+    pub fn new(device: &B::Device, c: &TextConfig) -> Self {
+        let s = new_stack(device, &c.shape());
+        Self {
+            embed_tokens: s.embed_tokens,
+            layers: s.layers,
+            norm: s.norm,
+            lm_head: s.lm_head,
             inv_freq: inv_freq(c.rope_theta, c.head_dim),
             mrope_section: c.mrope_section.clone(),
         }
     }
 
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        sink.put("model.embed_tokens.weight", self.embed_tokens.val());
-        for (i, layer) in self.layers.iter().enumerate() {
-            layer.export(sink, &format!("model.layers.{i}"));
-        }
-        self.norm.export(sink, "model.norm");
-        if let Some(w) = &self.lm_head {
-            sink.put("lm_head.weight", w.val());
-        }
-    }
-
     /// `[b, l, hidden]` embeddings of `ids` `[b, l]`.
     pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let [b, l] = ids.dims();
-        let w = self.embed_tokens.val();
-        let hidden = w.dims()[1];
-        w.select(0, ids.reshape([b * l])).reshape([b, l, hidden])
+        embed(&self.embed_tokens, ids)
     }
 
     /// Decoder over `embeds`; returns the final-normed hidden states. When `trace` is given it
@@ -206,57 +285,29 @@ impl<B: Backend> TextModel<B> {
         embeds: Tensor<B, 3>,
         positions: Tensor<B, 3, Int>,
         attention_mask: Tensor<B, 2, Int>,
-        mut cache: Option<&mut KvCache<B>>,
-        mut trace: Option<&mut Vec<Tensor<B, 3>>>,
+        cache: Option<&mut KvCache<B>>,
+        trace: Option<&mut Vec<Tensor<B, 3>>>,
     ) -> Tensor<B, 3> {
-        let [_, l, _] = embeds.dims();
         let (cos, sin) = rope_tables(positions, &self.inv_freq, &self.mrope_section);
-        let (heads, kv_heads) = self
-            .layers
-            .first()
-            .map(|layer| (layer.self_attn.num_heads, layer.self_attn.num_kv_heads))
-            .unwrap_or((1, 1));
-        let rope_q = Rotary::new(cos.clone(), sin.clone(), heads);
-        let rope_k = Rotary::new(cos, sin, kv_heads);
-        let bias = grouped_attention_bias(
-            causal_padding_bias(attention_mask, l),
-            kv_heads,
-            heads / kv_heads,
+        let mut layer_trace = trace.is_some().then(TextTrace::default);
+        let h = run_layers(
+            &self.layers,
+            embeds,
+            &[],
+            cos,
+            sin,
+            attention_mask,
+            cache,
+            layer_trace.as_mut(),
         );
-        let mut h = embeds;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            let a = layer.self_attn.forward(
-                layer.input_layernorm.forward(h.clone()),
-                &rope_q,
-                &rope_k,
-                bias.clone(),
-                slot,
-            );
-            h = h + a;
-            let m = layer
-                .mlp
-                .forward(layer.post_attention_layernorm.forward(h.clone()));
-            h = h + m;
-            if let Some(t) = trace.as_deref_mut() {
-                t.push(h.clone());
-            }
+        if let (Some(t), Some(lt)) = (trace, layer_trace) {
+            t.extend(lt.layer_out);
         }
         self.norm.forward(h)
     }
 
     /// `hidden · Wᵀ` with the LM head (or the tied embedding table), returned in f32.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        let w = match &self.lm_head {
-            Some(w) => w.val(),
-            None => self.embed_tokens.val(),
-        };
-        let [b, l, d] = hidden.dims();
-        let v = w.dims()[0];
-        hidden
-            .reshape([b * l, d])
-            .matmul(w.transpose())
-            .reshape([b, l, v])
-            .cast(DType::F32)
+        logits(&self.embed_tokens, &self.lm_head, hidden)
     }
 }

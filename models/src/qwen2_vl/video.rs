@@ -40,7 +40,7 @@ use serde_json::{Value, json};
 
 use crate::capabilities::{ProcessedImage, VideoFrames, VideoProcessor, VideoTiming};
 use crate::image::{MAX_PIXEL_VALUES, resize_bicubic, round_half_even};
-use crate::qwen2_vl::processor::{Qwen2VlProcessorConfig, smart_resize};
+use crate::qwen2_vl::processor::{Qwen2VlProcessorConfig, patch_rows, smart_resize};
 
 /// The token the chat templates write once per video.
 pub const VIDEO_PAD_TOKEN: &str = "<|video_pad|>";
@@ -269,30 +269,13 @@ impl VideoProcessor for QwenVideoProcessor {
         let frame = |k: usize| &resized[k.min(resized.len() - 1)];
         let (gt, gh, gw) = (padded / tp, h / p, w / p);
         let row_len = 3 * tp * p * p;
-        let mut pixel_values = Vec::with_capacity(gt * gh * gw * row_len);
-        for tt in 0..gt {
-            for bh in 0..gh / m {
-                for bw in 0..gw / m {
-                    for mh in 0..m {
-                        for mw in 0..m {
-                            let (py, px) = (bh * m + mh, bw * m + mw);
-                            for ch in 0..3 {
-                                for f in 0..tp {
-                                    let raw = frame(tt * tp + f).as_raw();
-                                    for y in 0..p {
-                                        let row = (py * p + y) * w;
-                                        for x in 0..p {
-                                            let u = raw[(row + px * p + x) * 3 + ch];
-                                            pixel_values.push(self.scale(u, ch));
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let pixel_values = patch_rows(
+            [gt, gh, gw],
+            [p, m, tp],
+            w,
+            |k| &frame(k).as_raw()[..],
+            |u, ch| self.scale(u, ch),
+        );
         let last = *video.frame_indices.last().expect("non-empty");
         let index = |k: usize| video.frame_indices.get(k).copied().unwrap_or(last) as f64;
         let patch_seconds = (0..gt)

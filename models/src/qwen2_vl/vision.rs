@@ -18,7 +18,7 @@ use crate::capabilities::ProcessedImage;
 use crate::layers::{
     LayerNorm, Linear, MASKED, RmsNorm, Rotary, SwiGluMlp, gelu_erf, inv_freq, quick_gelu,
 };
-use crate::weights::{Init, WeightSource, WeightVisitor};
+use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
 /// Vision RoPE base (hard-coded in the reference `VisionRotaryEmbedding`).
 const VISION_ROPE_THETA: f64 = 10000.0;
@@ -32,18 +32,20 @@ pub enum VisionNorm<B: Backend> {
     Rms(RmsNorm<B>),
 }
 
-impl<B: Backend> VisionNorm<B> {
-    fn load(src: &mut dyn WeightSource<B>, prefix: &str, dim: usize, flavor: Flavor) -> Self {
-        match flavor {
-            Flavor::Qwen2Vl => Self::Layer(LayerNorm::load(src, prefix, dim, VISION_NORM_EPS)),
-            Flavor::Qwen25Vl => Self::Rms(RmsNorm::load(src, prefix, dim, VISION_NORM_EPS)),
+impl<B: Backend> Weights<B> for VisionNorm<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        match self {
+            Self::Layer(n) => n.weights(w, prefix),
+            Self::Rms(n) => n.weights(w, prefix),
         }
     }
+}
 
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        match self {
-            Self::Layer(n) => n.export(sink, prefix),
-            Self::Rms(n) => n.export(sink, prefix),
+impl<B: Backend> VisionNorm<B> {
+    fn new(device: &B::Device, dim: usize, flavor: Flavor) -> Self {
+        match flavor {
+            Flavor::Qwen2Vl => Self::Layer(LayerNorm::new(device, dim, VISION_NORM_EPS)),
+            Flavor::Qwen25Vl => Self::Rms(RmsNorm::new(device, dim, VISION_NORM_EPS)),
         }
     }
 
@@ -70,26 +72,26 @@ pub enum VisionMlp<B: Backend> {
     Gated(SwiGluMlp<B>),
 }
 
-impl<B: Backend> VisionMlp<B> {
-    fn load(src: &mut dyn WeightSource<B>, prefix: &str, c: &VisionConfig, flavor: Flavor) -> Self {
-        match flavor {
-            Flavor::Qwen2Vl => Self::QuickGelu(QuickGeluMlp {
-                fc1: Linear::load(src, &format!("{prefix}.fc1"), c.width, c.mlp_hidden, true),
-                fc2: Linear::load(src, &format!("{prefix}.fc2"), c.mlp_hidden, c.width, true),
-            }),
-            Flavor::Qwen25Vl => {
-                Self::Gated(SwiGluMlp::load(src, prefix, c.width, c.mlp_hidden, true))
-            }
-        }
-    }
-
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
+impl<B: Backend> Weights<B> for VisionMlp<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
         match self {
             Self::QuickGelu(m) => {
-                m.fc1.export(sink, &format!("{prefix}.fc1"));
-                m.fc2.export(sink, &format!("{prefix}.fc2"));
+                m.fc1.weights(w, &join(prefix, "fc1"));
+                m.fc2.weights(w, &join(prefix, "fc2"));
             }
-            Self::Gated(m) => m.export(sink, prefix),
+            Self::Gated(m) => m.weights(w, prefix),
+        }
+    }
+}
+
+impl<B: Backend> VisionMlp<B> {
+    fn new(device: &B::Device, c: &VisionConfig, flavor: Flavor) -> Self {
+        match flavor {
+            Flavor::Qwen2Vl => Self::QuickGelu(QuickGeluMlp {
+                fc1: Linear::new(device, c.width, c.mlp_hidden, true),
+                fc2: Linear::new(device, c.mlp_hidden, c.width, true),
+            }),
+            Flavor::Qwen25Vl => Self::Gated(SwiGluMlp::new(device, c.width, c.mlp_hidden, true)),
         }
     }
 
@@ -112,30 +114,27 @@ pub struct VisionBlock<B: Backend> {
     pub num_heads: usize,
 }
 
+impl<B: Backend> Weights<B> for VisionBlock<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(prefix, name);
+        self.norm1.weights(w, &at("norm1"));
+        self.norm2.weights(w, &at("norm2"));
+        self.qkv.weights(w, &at("attn.qkv"));
+        self.proj.weights(w, &at("attn.proj"));
+        self.mlp.weights(w, &at("mlp"));
+    }
+}
+
 impl<B: Backend> VisionBlock<B> {
-    fn load(src: &mut dyn WeightSource<B>, prefix: &str, c: &VisionConfig, flavor: Flavor) -> Self {
+    fn new(device: &B::Device, c: &VisionConfig, flavor: Flavor) -> Self {
         Self {
-            norm1: VisionNorm::load(src, &format!("{prefix}.norm1"), c.width, flavor),
-            norm2: VisionNorm::load(src, &format!("{prefix}.norm2"), c.width, flavor),
-            qkv: Linear::load(
-                src,
-                &format!("{prefix}.attn.qkv"),
-                c.width,
-                3 * c.width,
-                true,
-            ),
-            proj: Linear::load(src, &format!("{prefix}.attn.proj"), c.width, c.width, true),
-            mlp: VisionMlp::load(src, &format!("{prefix}.mlp"), c, flavor),
+            norm1: VisionNorm::new(device, c.width, flavor),
+            norm2: VisionNorm::new(device, c.width, flavor),
+            qkv: Linear::new(device, c.width, 3 * c.width, true),
+            proj: Linear::new(device, c.width, c.width, true),
+            mlp: VisionMlp::new(device, c, flavor),
             num_heads: c.num_heads,
         }
-    }
-
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        self.norm1.export(sink, &format!("{prefix}.norm1"));
-        self.norm2.export(sink, &format!("{prefix}.norm2"));
-        self.qkv.export(sink, &format!("{prefix}.attn.qkv"));
-        self.proj.export(sink, &format!("{prefix}.attn.proj"));
-        self.mlp.export(sink, &format!("{prefix}.mlp"));
     }
 
     /// `x` `[N, width]`; `rope` for `[1, N, heads, head_dim]`; attention inside each
@@ -149,36 +148,8 @@ impl<B: Backend> VisionBlock<B> {
         segments: &[(usize, usize)],
         biases: Option<&[Option<Tensor<B, 2>>]>,
     ) -> Tensor<B, 2> {
-        let [n, width] = x.dims();
-        let heads = self.num_heads;
-        let d = width / heads;
-        let qkv = self
-            .qkv
-            .forward(self.norm1.forward(x.clone()))
-            .reshape([n, 3, heads, d]);
-        let part = |i: usize| qkv.clone().narrow(1, i, 1).reshape([n, heads, d]);
-        let rotated = |i: usize| {
-            rope.apply(part(i).reshape([1, n, heads, d]))
-                .reshape([n, heads, d])
-                .swap_dims(0, 1)
-        };
-        let q = rotated(0);
-        let k = rotated(1);
-        let v = part(2).swap_dims(0, 1);
-        let scale = 1.0 / (d as f64).sqrt();
-        let mut outs = Vec::with_capacity(segments.len());
-        for (s, &(start, len)) in segments.iter().enumerate() {
-            let qs = q.clone().narrow(1, start, len);
-            let ks = k.clone().narrow(1, start, len);
-            let vs = v.clone().narrow(1, start, len);
-            let dtype = qs.dtype();
-            let mut scores = (qs.matmul(ks.transpose()) * scale).cast(DType::F32);
-            if let Some(Some(b)) = biases.map(|b| &b[s]) {
-                scores = scores + b.clone().cast(DType::F32).unsqueeze_dim(0);
-            }
-            outs.push(softmax(scores, 2).cast(dtype).matmul(vs));
-        }
-        let attn = Tensor::cat(outs, 1).swap_dims(0, 1).reshape([n, width]);
+        let qkv = self.qkv.forward(self.norm1.forward(x.clone()));
+        let attn = segment_attention(qkv, self.num_heads, rope, segments, biases);
         let x = x + self.proj.forward(attn);
         let m = self.mlp.forward(self.norm2.forward(x.clone()));
         x + m
@@ -228,38 +199,44 @@ pub struct VisionTower<B: Backend> {
     pub inv_freq: Vec<f32>,
 }
 
-impl<B: Backend> VisionTower<B> {
-    pub fn load(src: &mut dyn WeightSource<B>, c: &VisionConfig, flavor: Flavor) -> Self {
-        let p = c.patch_size;
-        let patch = src.take(
-            "visual.patch_embed.proj.weight",
-            [c.width, c.in_channels, c.temporal_patch_size, p, p],
+/// `visual.patch_embed`, `visual.blocks.{i}`, `visual.merger`.
+impl<B: Backend> Weights<B> for VisionTower<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(prefix, name);
+        w.tensor(
+            &at("visual.patch_embed.proj.weight"),
+            &mut self.patch_embed,
             Init::Matrix,
         );
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            b.weights(w, &at(&format!("visual.blocks.{i}")));
+        }
+        self.merger_norm.weights(w, &at("visual.merger.ln_q"));
+        self.merger_fc1.weights(w, &at("visual.merger.mlp.0"));
+        self.merger_fc2.weights(w, &at("visual.merger.mlp.2"));
+    }
+}
+
+impl<B: Backend> VisionTower<B> {
+    pub fn new(device: &B::Device, c: &VisionConfig, flavor: Flavor) -> Self {
+        let p = c.patch_size;
         let merged = c.width * c.spatial_merge_size * c.spatial_merge_size;
         let head_dim = c.width / c.num_heads;
         Self {
-            patch_embed: Param::from_tensor(patch),
+            patch_embed: shaped(
+                device,
+                [c.width, c.in_channels, c.temporal_patch_size, p, p],
+            ),
             blocks: (0..c.depth)
-                .map(|i| VisionBlock::load(src, &format!("visual.blocks.{i}"), c, flavor))
+                .map(|_| VisionBlock::new(device, c, flavor))
                 .collect(),
-            merger_norm: VisionNorm::load(src, "visual.merger.ln_q", c.width, flavor),
-            merger_fc1: Linear::load(src, "visual.merger.mlp.0", merged, merged, true),
-            merger_fc2: Linear::load(src, "visual.merger.mlp.2", merged, c.out_width, true),
+            merger_norm: VisionNorm::new(device, c.width, flavor),
+            merger_fc1: Linear::new(device, merged, merged, true),
+            merger_fc2: Linear::new(device, merged, c.out_width, true),
             config: c.clone(),
             // VisionRotaryEmbedding(head_dim / 2): 1/theta^(2j/(head_dim/2)), j < head_dim/4.
             inv_freq: inv_freq(VISION_ROPE_THETA, head_dim / 2),
         }
-    }
-
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        sink.put("visual.patch_embed.proj.weight", self.patch_embed.val());
-        for (i, b) in self.blocks.iter().enumerate() {
-            b.export(sink, &format!("visual.blocks.{i}"));
-        }
-        self.merger_norm.export(sink, "visual.merger.ln_q");
-        self.merger_fc1.export(sink, "visual.merger.mlp.0");
-        self.merger_fc2.export(sink, "visual.merger.mlp.2");
     }
 
     /// Patch coordinates, attention segments and (Qwen2.5-VL) the window permutation of images
@@ -439,37 +416,98 @@ impl<B: Backend> VisionTower<B> {
         images: &[ProcessedImage],
         device: &B::Device,
     ) -> Result<(Tensor<B, 2>, Vec<[usize; 3]>)> {
-        let dim = self.config.patch_dim();
-        let mut values = Vec::new();
-        let mut grids = Vec::with_capacity(images.len());
-        for (k, img) in images.iter().enumerate() {
-            ensure!(
-                img.grid.len() == 3,
-                "image {k}: grid {:?} is not [t, h, w]",
-                img.grid
-            );
-            let grid = [img.grid[0], img.grid[1], img.grid[2]];
-            let patches = grid[0] * grid[1] * grid[2];
-            ensure!(
-                img.pixel_values.len() == patches * dim,
-                "image {k}: {} pixel values, grid {:?} needs {patches}×{dim}",
-                img.pixel_values.len(),
-                img.grid
-            );
-            let m = self.config.spatial_merge_size;
-            ensure!(
-                grid[1] % m == 0 && grid[2] % m == 0,
-                "image {k}: grid {:?} is not divisible by the merge size {m}",
-                img.grid
-            );
-            values.extend_from_slice(&img.pixel_values);
-            grids.push(grid);
-        }
-        let rows = values.len() / dim;
-        let t = Tensor::<B, 1>::from_data(TensorData::new(values, [rows * dim]), device)
-            .reshape([rows, dim]);
-        Ok((t, grids))
+        pixel_inputs(
+            images,
+            self.config.patch_dim(),
+            self.config.spatial_merge_size,
+            device,
+        )
     }
+}
+
+/// Attention of a Qwen vision block: `qkv` `[N, 3·width]` split into heads, q and k rotated by
+/// `rope` (for `[1, N, heads, head_dim]`, applied before the heads are moved forward, see
+/// [`Rotary`]), non-causal attention inside each `(start, len)` of `segments` with an additive
+/// bias per segment (Qwen2.5-VL's windows) when given, softmax in f32; returns `[N, width]`.
+/// Shared by the Qwen2-VL, Qwen2.5-VL and Qwen3-VL towers.
+pub fn segment_attention<B: Backend>(
+    qkv: Tensor<B, 2>,
+    heads: usize,
+    rope: &Rotary<B>,
+    segments: &[(usize, usize)],
+    biases: Option<&[Option<Tensor<B, 2>>]>,
+) -> Tensor<B, 2> {
+    let n = qkv.dims()[0];
+    let width = qkv.dims()[1] / 3;
+    let d = width / heads;
+    let qkv = qkv.reshape([n, 3, heads, d]);
+    let part = |i: usize| qkv.clone().narrow(1, i, 1).reshape([n, heads, d]);
+    let rotated = |i: usize| {
+        rope.apply(part(i).reshape([1, n, heads, d]))
+            .reshape([n, heads, d])
+            .swap_dims(0, 1)
+    };
+    let q = rotated(0);
+    let k = rotated(1);
+    let v = part(2).swap_dims(0, 1);
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut outs = Vec::with_capacity(segments.len());
+    for (s, &(start, len)) in segments.iter().enumerate() {
+        let qs = q.clone().narrow(1, start, len);
+        let ks = k.clone().narrow(1, start, len);
+        let vs = v.clone().narrow(1, start, len);
+        let dtype = qs.dtype();
+        let mut scores = (qs.matmul(ks.transpose()) * scale).cast(DType::F32);
+        if let Some(Some(b)) = biases.map(|b| &b[s]) {
+            scores = scores + b.clone().cast(DType::F32).unsqueeze_dim(0);
+        }
+        outs.push(softmax(scores, 2).cast(dtype).matmul(vs));
+    }
+    Tensor::cat(outs, 1).swap_dims(0, 1).reshape([n, width])
+}
+
+/// The `[t, h, w]` grid of image `k`, checked to have three entries.
+pub(crate) fn grid_thw(k: usize, img: &ProcessedImage) -> Result<[usize; 3]> {
+    ensure!(
+        img.grid.len() == 3,
+        "image {k}: grid {:?} is not [t, h, w]",
+        img.grid
+    );
+    Ok([img.grid[0], img.grid[1], img.grid[2]])
+}
+
+/// Concatenated pixel values `[Σ patches, patch_dim]` and `[t, h, w]` grids of processed
+/// images, checked: a 3-entry grid, `patch_dim` values per patch, `h` and `w` multiples of
+/// `merge`. Shared by the Qwen towers.
+pub fn pixel_inputs<B: Backend>(
+    images: &[ProcessedImage],
+    dim: usize,
+    m: usize,
+    device: &B::Device,
+) -> Result<(Tensor<B, 2>, Vec<[usize; 3]>)> {
+    let mut values = Vec::new();
+    let mut grids = Vec::with_capacity(images.len());
+    for (k, img) in images.iter().enumerate() {
+        let grid = grid_thw(k, img)?;
+        let patches = grid[0] * grid[1] * grid[2];
+        ensure!(
+            img.pixel_values.len() == patches * dim,
+            "image {k}: {} pixel values, grid {:?} needs {patches}×{dim}",
+            img.pixel_values.len(),
+            img.grid
+        );
+        ensure!(
+            grid[1] % m == 0 && grid[2] % m == 0,
+            "image {k}: grid {:?} is not divisible by the merge size {m}",
+            img.grid
+        );
+        values.extend_from_slice(&img.pixel_values);
+        grids.push(grid);
+    }
+    let rows = values.len() / dim;
+    let t = Tensor::<B, 1>::from_data(TensorData::new(values, [rows * dim]), device)
+        .reshape([rows, dim]);
+    Ok((t, grids))
 }
 
 fn index_tensor<B: Backend>(idx: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {

@@ -13,35 +13,24 @@
 //! config uses Qwen2.5-VL's naming (`hidden_size` = ViT width, `out_hidden_size` = merger output).
 //! Absent optional keys take transformers' defaults. `mrope_interleaved` is not read:
 //! transformers 5.24 always interleaves.
+//!
+//! The sections are read by serde (`RootKeys`, `TextKeys`, `RopeKeys`, `VisionKeys`, every
+//! field a [`Key`]); which keys are required or defaulted is decided below, each error naming
+//! its key.
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::config_checks::{MAX_COUNT, MAX_PATCH, MAX_WIDTH, ensure_at_most, ensure_positive};
+use serde::Deserialize;
 use serde_json::Value;
 
-/// Text decoder settings (`text_config`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TextConfig {
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_layers: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    /// Per-head width of q, k and v (explicit; `q_proj` is `[num_heads·head_dim, hidden]`).
-    pub head_dim: usize,
-    /// Biases on q/k/v/o (`attention_bias`, false in the released checkpoints).
-    pub attention_bias: bool,
-    pub rms_norm_eps: f64,
-    pub rope_theta: f64,
-    /// `mrope_section` `[T, H, W]`: only `H` and `W` are read, as the limits of the interleaved
-    /// layout (see [`super::positions::slot_streams`]).
-    pub mrope_section: [usize; 3],
-    pub max_position_embeddings: usize,
-    pub eos_token_ids: Vec<u32>,
-    pub tie_word_embeddings: bool,
-    pub initializer_range: f64,
-}
+use crate::config_checks::{
+    Key, MAX_COUNT, MAX_PATCH, MAX_WIDTH, Section, ensure_at_most, ensure_positive, ids_of, keys,
+};
+
+/// Text decoder settings (`text_config`): Qwen2-VL's, with `attention_bias` on all four
+/// projections, q/k norms, an explicit `head_dim` (`q_proj` is `[num_heads·head_dim, hidden]`)
+/// and a 3-entry `mrope_section` of which only `H` and `W` are read.
+pub use crate::qwen2_vl::config::TextConfig;
 
 /// Activation of the vision blocks' MLP (`vision_config.hidden_act`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,52 +90,98 @@ pub struct Qwen3VlConfig {
     pub raw: Value,
 }
 
-fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-    v.get(key).filter(|x| !x.is_null())
+/// The top-level keys of config.json.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RootKeys {
+    model_type: Key<String>,
+    text_config: Section<TextKeys>,
+    vision_config: Section<VisionKeys>,
+    tie_word_embeddings: Key<bool>,
+    eos_token_id: Key<Value>,
+    image_token_id: Key<u64>,
+    video_token_id: Key<u64>,
+    vision_start_token_id: Key<u64>,
+    vision_end_token_id: Key<u64>,
 }
 
-fn usize_of(v: &Value, key: &str, what: &str) -> Result<usize> {
-    get(v, key)
-        .and_then(Value::as_u64)
+/// `text_config`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TextKeys {
+    vocab_size: Key<u64>,
+    hidden_size: Key<u64>,
+    intermediate_size: Key<u64>,
+    num_hidden_layers: Key<u64>,
+    num_attention_heads: Key<u64>,
+    num_key_value_heads: Key<u64>,
+    head_dim: Key<u64>,
+    attention_bias: Key<bool>,
+    rms_norm_eps: Key<f64>,
+    rope_theta: Key<f64>,
+    rope_parameters: Section<RopeKeys>,
+    rope_scaling: Section<RopeKeys>,
+    hidden_act: Key<Value>,
+    max_position_embeddings: Key<u64>,
+    eos_token_id: Key<Value>,
+    tie_word_embeddings: Key<bool>,
+    initializer_range: Key<f64>,
+}
+
+/// `text_config.rope_parameters` / `rope_scaling`, `vision_config.rope_parameters`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RopeKeys {
+    rope_type: Key<Value>,
+    #[serde(rename = "type")]
+    kind: Key<Value>,
+    rope_theta: Key<f64>,
+    mrope_section: Key<Vec<Value>>,
+}
+
+/// `vision_config`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct VisionKeys {
+    depth: Key<u64>,
+    hidden_size: Key<u64>,
+    num_heads: Key<u64>,
+    intermediate_size: Key<u64>,
+    out_hidden_size: Key<u64>,
+    in_channels: Key<u64>,
+    patch_size: Key<u64>,
+    temporal_patch_size: Key<u64>,
+    spatial_merge_size: Key<u64>,
+    num_position_embeddings: Key<u64>,
+    deepstack_visual_indexes: Key<Vec<Value>>,
+    hidden_act: Key<String>,
+    rope_parameters: Section<RopeKeys>,
+}
+
+fn size(k: Key<u64>, key: &str, what: &str) -> Result<usize> {
+    k.required(|| format!("config.json: {what}: missing or non-integer `{key}`"))
         .map(|x| x as usize)
-        .with_context(|| format!("config.json: {what}: missing or non-integer `{key}`"))
 }
 
-fn usize_or(v: &Value, key: &str, what: &str, default: usize) -> Result<usize> {
-    match get(v, key) {
-        None => Ok(default),
-        Some(_) => usize_of(v, key, what),
-    }
+fn size_or(k: Key<u64>, key: &str, what: &str, default: usize) -> Result<usize> {
+    k.or_default(default as u64, || {
+        format!("config.json: {what}: missing or non-integer `{key}`")
+    })
+    .map(|x| x as usize)
 }
 
-fn f64_or(v: &Value, key: &str, what: &str, default: f64) -> Result<f64> {
-    match get(v, key) {
-        None => Ok(default),
-        Some(x) => x
-            .as_f64()
-            .with_context(|| format!("config.json: {what}: `{key}` is not a number")),
-    }
+fn f64_or(k: Key<f64>, key: &str, what: &str, default: f64) -> Result<f64> {
+    k.or_default(default, || {
+        format!("config.json: {what}: `{key}` is not a number")
+    })
 }
 
-fn ids_of(v: &Value) -> Vec<u32> {
-    match v {
-        Value::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Value::Array(a) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn usize_list(v: &Value, key: &str, what: &str) -> Result<Option<Vec<usize>>> {
-    let Some(list) = get(v, key) else {
-        return Ok(None);
+fn usize_list(k: Key<Vec<Value>>, key: &str, what: &str) -> Result<Option<Vec<usize>>> {
+    let items = match k {
+        Key::Absent => return Ok(None),
+        Key::Invalid(_) => bail!("config.json: {what}: `{key}` is not a list"),
+        Key::Valid(items) => items,
     };
-    let items = list
-        .as_array()
-        .with_context(|| format!("config.json: {what}: `{key}` is not a list"))?;
     items
         .iter()
         .map(|x| {
@@ -171,27 +206,33 @@ impl Qwen3VlConfig {
     }
 
     pub fn from_value(root: &Value) -> Result<Self> {
-        match get(root, "model_type").and_then(Value::as_str) {
+        let keys: RootKeys = keys(root);
+        match keys.model_type.valid().as_deref() {
             Some("qwen3_vl") => {}
             other => bail!("config.json: model_type {other:?} is not qwen3_vl"),
         }
-        let t = get(root, "text_config").context("config.json: no text_config")?;
-        let v = get(root, "vision_config").context("config.json: no vision_config")?;
-        let text = text_config(root, t)?;
+        let t = keys
+            .text_config
+            .present()
+            .context("config.json: no text_config")?;
+        let v = keys
+            .vision_config
+            .present()
+            .context("config.json: no vision_config")?;
+        let tie = keys.tie_word_embeddings;
+        let text = text_config(tie, keys.eos_token_id, t)?;
         let vision = vision_config(v)?;
-        let token = |key: &str| -> Result<u32> {
-            get(root, key)
-                .and_then(Value::as_u64)
+        let token = |k: Key<u64>, key: &str| -> Result<u32> {
+            k.required(|| format!("config.json: missing or non-integer `{key}`"))
                 .map(|x| x as u32)
-                .with_context(|| format!("config.json: missing or non-integer `{key}`"))
         };
         let config = Self {
             text,
             vision,
-            image_token_id: token("image_token_id")?,
-            video_token_id: token("video_token_id")?,
-            vision_start_token_id: token("vision_start_token_id")?,
-            vision_end_token_id: token("vision_end_token_id")?,
+            image_token_id: token(keys.image_token_id, "image_token_id")?,
+            video_token_id: token(keys.video_token_id, "video_token_id")?,
+            vision_start_token_id: token(keys.vision_start_token_id, "vision_start_token_id")?,
+            vision_end_token_id: token(keys.vision_end_token_id, "vision_end_token_id")?,
             raw: root.clone(),
         };
         check_values(&config)?;
@@ -199,91 +240,125 @@ impl Qwen3VlConfig {
     }
 }
 
-fn text_config(root: &Value, t: &Value) -> Result<TextConfig> {
+/// `tie` and `eos` are the top-level keys (`tie_word_embeddings` is read there first,
+/// `eos_token_id` last).
+fn text_config(tie: Key<bool>, eos: Key<Value>, t: TextKeys) -> Result<TextConfig> {
     let what = "text_config";
-    let num_heads = usize_of(t, "num_attention_heads", what)?;
+    let num_heads = size(t.num_attention_heads, "num_attention_heads", what)?;
     // transformers 5: rope_parameters; hub (4.57): rope_scaling, with rope_theta beside it.
-    let rope = get(t, "rope_parameters").or_else(|| get(t, "rope_scaling"));
-    if let Some(kind) = rope.and_then(|r| get(r, "rope_type").or_else(|| get(r, "type"))) {
+    let rope = t.rope_parameters.or(t.rope_scaling).present();
+    let (rope_type, rope_theta_key, section_key) = match rope {
+        Some(r) => (
+            r.rope_type.or(r.kind).value(),
+            r.rope_theta,
+            Some(r.mrope_section),
+        ),
+        None => (None, Key::Absent, None),
+    };
+    if let Some(kind) = rope_type {
         ensure!(
             kind.as_str() == Some("default"),
             "config.json: text_config rope_type {kind} is not supported (only \"default\")"
         );
     }
-    let rope_theta = match rope.filter(|r| get(r, "rope_theta").is_some()) {
-        Some(r) => f64_or(r, "rope_theta", "text_config rope_parameters", 0.0)?,
-        None => f64_or(t, "rope_theta", what, 5_000_000.0)?,
+    let rope_theta = if rope_theta_key.is_present() {
+        f64_or(
+            rope_theta_key,
+            "rope_theta",
+            "text_config rope_parameters",
+            0.0,
+        )?
+    } else {
+        f64_or(t.rope_theta, "rope_theta", what, 5_000_000.0)?
     };
-    let section = match rope {
-        Some(r) => usize_list(r, "mrope_section", "text_config rope_parameters")?,
+    let section = match section_key {
+        Some(k) => usize_list(k, "mrope_section", "text_config rope_parameters")?,
         None => None,
     }
     .unwrap_or_else(|| vec![24, 20, 20]);
-    let mrope_section: [usize; 3] = section.as_slice().try_into().map_err(|_| {
-        anyhow::anyhow!(
-            "config.json: text_config mrope_section {section:?} must have 3 entries (T, H, W)"
-        )
-    })?;
-    if let Some(act) = get(t, "hidden_act") {
+    ensure!(
+        section.len() == 3,
+        "config.json: text_config mrope_section {section:?} must have 3 entries (T, H, W)"
+    );
+    if let Some(act) = t.hidden_act.value() {
         ensure!(
             act.as_str() == Some("silu"),
             "config.json: text_config hidden_act {act} is not supported (only \"silu\")"
         );
     }
-    let tie_word_embeddings = get(root, "tie_word_embeddings")
-        .or_else(|| get(t, "tie_word_embeddings"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let tie_word_embeddings = tie.or(t.tie_word_embeddings).valid().unwrap_or(false);
+    let attention_bias = t.attention_bias.valid().unwrap_or(false);
     Ok(TextConfig {
-        vocab_size: usize_of(t, "vocab_size", what)?,
-        hidden_size: usize_of(t, "hidden_size", what)?,
-        intermediate_size: usize_of(t, "intermediate_size", what)?,
-        num_layers: usize_of(t, "num_hidden_layers", what)?,
+        vocab_size: size(t.vocab_size, "vocab_size", what)?,
+        hidden_size: size(t.hidden_size, "hidden_size", what)?,
+        intermediate_size: size(t.intermediate_size, "intermediate_size", what)?,
+        num_layers: size(t.num_hidden_layers, "num_hidden_layers", what)?,
         num_heads,
-        num_kv_heads: usize_or(t, "num_key_value_heads", what, num_heads)?,
-        head_dim: usize_or(t, "head_dim", what, 128)?,
-        attention_bias: get(t, "attention_bias")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        rms_norm_eps: f64_or(t, "rms_norm_eps", what, 1e-6)?,
+        num_kv_heads: size_or(
+            t.num_key_value_heads,
+            "num_key_value_heads",
+            what,
+            num_heads,
+        )?,
+        head_dim: size_or(t.head_dim, "head_dim", what, 128)?,
+        rms_norm_eps: f64_or(t.rms_norm_eps, "rms_norm_eps", what, 1e-6)?,
         rope_theta,
-        mrope_section,
-        max_position_embeddings: usize_or(t, "max_position_embeddings", what, 128_000)?,
-        eos_token_ids: get(t, "eos_token_id")
-            .or_else(|| get(root, "eos_token_id"))
-            .map(ids_of)
+        mrope_section: section,
+        max_position_embeddings: size_or(
+            t.max_position_embeddings,
+            "max_position_embeddings",
+            what,
+            128_000,
+        )?,
+        eos_token_ids: t
+            .eos_token_id
+            .or(eos)
+            .value()
+            .map(|v| ids_of(&v))
             .unwrap_or_default(),
         tie_word_embeddings,
-        initializer_range: f64_or(t, "initializer_range", what, 0.02)?,
+        initializer_range: f64_or(t.initializer_range, "initializer_range", what, 0.02)?,
+        qkv_bias: attention_bias,
+        o_bias: attention_bias,
+        qk_norm: true,
     })
 }
 
-fn vision_config(v: &Value) -> Result<VisionConfig> {
+fn vision_config(v: VisionKeys) -> Result<VisionConfig> {
     let what = "vision_config";
-    let hidden_act = match get(v, "hidden_act").and_then(Value::as_str) {
+    let hidden_act = match v.hidden_act.valid().as_deref() {
         None | Some("gelu_pytorch_tanh") => VisionAct::GeluTanh,
         Some("gelu") => VisionAct::GeluErf,
         Some(other) => bail!(
             "config.json: vision_config hidden_act \"{other}\" is not supported (\"gelu_pytorch_tanh\" or \"gelu\")"
         ),
     };
-    let rope_theta = match get(v, "rope_parameters") {
-        Some(r) => f64_or(r, "rope_theta", "vision_config rope_parameters", 10000.0)?,
+    let rope_theta = match v.rope_parameters.present() {
+        Some(r) => f64_or(
+            r.rope_theta,
+            "rope_theta",
+            "vision_config rope_parameters",
+            10000.0,
+        )?,
         None => 10000.0,
     };
     Ok(VisionConfig {
-        depth: usize_of(v, "depth", what)?,
-        width: usize_of(v, "hidden_size", what)?,
-        num_heads: usize_of(v, "num_heads", what)?,
-        mlp_hidden: usize_of(v, "intermediate_size", what)?,
-        out_width: usize_of(v, "out_hidden_size", what)?,
-        in_channels: usize_or(v, "in_channels", what, 3)?,
-        patch_size: usize_of(v, "patch_size", what)?,
-        temporal_patch_size: usize_of(v, "temporal_patch_size", what)?,
-        spatial_merge_size: usize_of(v, "spatial_merge_size", what)?,
-        num_position_embeddings: usize_of(v, "num_position_embeddings", what)?,
-        deepstack_visual_indexes: usize_list(v, "deepstack_visual_indexes", what)?
-            .unwrap_or_else(|| vec![8, 16, 24]),
+        depth: size(v.depth, "depth", what)?,
+        width: size(v.hidden_size, "hidden_size", what)?,
+        num_heads: size(v.num_heads, "num_heads", what)?,
+        mlp_hidden: size(v.intermediate_size, "intermediate_size", what)?,
+        out_width: size(v.out_hidden_size, "out_hidden_size", what)?,
+        in_channels: size_or(v.in_channels, "in_channels", what, 3)?,
+        patch_size: size(v.patch_size, "patch_size", what)?,
+        temporal_patch_size: size(v.temporal_patch_size, "temporal_patch_size", what)?,
+        spatial_merge_size: size(v.spatial_merge_size, "spatial_merge_size", what)?,
+        num_position_embeddings: size(v.num_position_embeddings, "num_position_embeddings", what)?,
+        deepstack_visual_indexes: usize_list(
+            v.deepstack_visual_indexes,
+            "deepstack_visual_indexes",
+            what,
+        )?
+        .unwrap_or_else(|| vec![8, 16, 24]),
         hidden_act,
         rope_theta,
     })
@@ -295,18 +370,9 @@ fn vision_config(v: &Value) -> Result<VisionConfig> {
 /// width, non-positive epsilons and RoPE bases.
 fn check_values(c: &Qwen3VlConfig) -> Result<()> {
     let (t, v) = (&c.text, &c.vision);
+    let text = t.sizes("text_config", "text_config rope_theta");
+    text.ensure_positive()?;
     let positive = [
-        ("text_config vocab_size", t.vocab_size),
-        ("text_config hidden_size", t.hidden_size),
-        ("text_config intermediate_size", t.intermediate_size),
-        ("text_config num_hidden_layers", t.num_layers),
-        ("text_config num_attention_heads", t.num_heads),
-        ("text_config num_key_value_heads", t.num_kv_heads),
-        ("text_config head_dim", t.head_dim),
-        (
-            "text_config max_position_embeddings",
-            t.max_position_embeddings,
-        ),
         ("vision_config depth", v.depth),
         ("vision_config hidden_size", v.width),
         ("vision_config num_heads", v.num_heads),
@@ -324,18 +390,8 @@ fn check_values(c: &Qwen3VlConfig) -> Result<()> {
     ensure_positive("config.json: ", &positive)?;
     // Upper bounds far above any real checkpoint, so that a mistyped size is an error naming its
     // key rather than a build that allocates (or loops over) what it claims.
+    text.ensure_bounded()?;
     let bounded = [
-        ("text_config vocab_size", t.vocab_size, MAX_WIDTH),
-        ("text_config hidden_size", t.hidden_size, MAX_WIDTH),
-        (
-            "text_config intermediate_size",
-            t.intermediate_size,
-            MAX_WIDTH,
-        ),
-        ("text_config head_dim", t.head_dim, MAX_WIDTH),
-        ("text_config num_hidden_layers", t.num_layers, MAX_COUNT),
-        ("text_config num_attention_heads", t.num_heads, MAX_COUNT),
-        ("text_config num_key_value_heads", t.num_kv_heads, MAX_COUNT),
         (
             "text_config mrope_section[1]",
             t.mrope_section[1],
@@ -369,17 +425,7 @@ fn check_values(c: &Qwen3VlConfig) -> Result<()> {
         ),
     ];
     ensure_at_most("config.json: ", &bounded)?;
-    ensure!(
-        t.num_heads.is_multiple_of(t.num_kv_heads),
-        "config.json: text_config num_attention_heads {} is not a multiple of num_key_value_heads {}",
-        t.num_heads,
-        t.num_kv_heads
-    );
-    ensure!(
-        t.head_dim.is_multiple_of(2),
-        "config.json: text_config head_dim {} is odd (rotary embeddings rotate pairs)",
-        t.head_dim
-    );
+    text.ensure_divisible()?;
     ensure!(
         v.width.is_multiple_of(v.num_heads),
         "config.json: vision_config hidden_size {} is not a multiple of num_heads {}",
@@ -414,16 +460,7 @@ fn check_values(c: &Qwen3VlConfig) -> Result<()> {
             "config.json: vision_config deepstack_visual_indexes holds block {b} twice"
         );
     }
-    ensure!(
-        t.rms_norm_eps.is_finite() && t.rms_norm_eps > 0.0,
-        "config.json: text_config rms_norm_eps must be a positive number (got {})",
-        t.rms_norm_eps
-    );
-    ensure!(
-        t.rope_theta.is_finite() && t.rope_theta > 0.0,
-        "config.json: text_config rope_theta must be a positive number (got {})",
-        t.rope_theta
-    );
+    text.ensure_positive_floats()?;
     ensure!(
         v.rope_theta.is_finite() && v.rope_theta > 0.0,
         "config.json: vision_config rope_parameters.rope_theta must be a positive number (got {})",

@@ -20,8 +20,12 @@ pub mod vision;
 use anyhow::Result;
 use burn::prelude::*;
 
-use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
-use crate::weights::{NormalizedNames, WeightSource, WeightVisitor};
+use burn::module::ModuleVisitor;
+
+use crate::capabilities::{CausalLm, KvCache, MultimodalPositions, ProcessedImage, Vision};
+use crate::family::{FamilyConfig, FamilyModel};
+use crate::registry::ImageProcessorLoader;
+use crate::weights::{WeightNames, Weights};
 pub use config::Qwen3VlConfig;
 pub use positions::{MropePositions, VideoTime};
 use text::{TextModel, TextTrace};
@@ -36,16 +40,26 @@ pub struct Qwen3Vl<B: Backend> {
     pub positions: MropePositions,
 }
 
-impl<B: Backend> Qwen3Vl<B> {
-    /// Builds the model from `config`, taking every weight from `src`.
-    pub fn load(src: &mut dyn WeightSource<B>, config: &Qwen3VlConfig) -> Self {
-        let mut names = NormalizedNames(src);
-        let src: &mut dyn WeightSource<B> = &mut names;
-        let visual = VisionTower::load(src, &config.vision);
-        let text = TextModel::load(src, &config.text);
+impl FamilyConfig for Qwen3VlConfig {
+    const IMAGE_PROCESSOR: Option<ImageProcessorLoader> =
+        Some(crate::qwen2_vl::processor::load_boxed);
+
+    fn parse(json: &serde_json::Value) -> Result<Self> {
+        Self::from_value(json)
+    }
+
+    fn initializer_range(&self) -> f64 {
+        self.text.initializer_range
+    }
+}
+
+impl<B: Backend> FamilyModel<B> for Qwen3Vl<B> {
+    type Config = Qwen3VlConfig;
+
+    fn new(device: &B::Device, config: &Qwen3VlConfig) -> Self {
         Self {
-            text,
-            visual,
+            visual: VisionTower::new(device, &config.vision),
+            text: TextModel::new(device, &config.text),
             config: config.clone(),
             positions: MropePositions {
                 image_token_id: config.image_token_id,
@@ -56,12 +70,39 @@ impl<B: Backend> Qwen3Vl<B> {
         }
     }
 
-    /// Every weight under its hub name.
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        self.visual.export(sink);
-        self.text.export(sink);
+    fn config_json(&self) -> String {
+        self.config.to_json()
     }
 
+    fn model_type(&self) -> &'static str {
+        "qwen3_vl"
+    }
+
+    fn vision(&self) -> Option<&dyn Vision<B>> {
+        Some(self)
+    }
+
+    /// The whole `visual` module, its DeepStack mergers included (transformers'
+    /// `Qwen3VLVisionModel` owns `deepstack_merger_list`).
+    fn visit_vision_tower<V: ModuleVisitor<B>>(&self, visitor: &mut V) {
+        self.visual.visit(visitor)
+    }
+
+    fn multimodal_positions(&self) -> Option<&dyn MultimodalPositions> {
+        Some(&self.positions)
+    }
+}
+
+/// Every weight under its hub name: `model.visual.*`, then `model.language_model.*` and
+/// `lm_head.weight`.
+impl<B: Backend> Weights<B> for Qwen3Vl<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.visual.weights(w, prefix);
+        self.text.weights(w, prefix);
+    }
+}
+
+impl<B: Backend> Qwen3Vl<B> {
     /// Image embeddings and DeepStack features with the vision intermediates (parity tests).
     #[allow(clippy::type_complexity)]
     pub fn embed_images_traced(
@@ -90,49 +131,9 @@ impl<B: Backend> Qwen3Vl<B> {
     }
 }
 
-impl<B: Backend> CausalLm<B> for Qwen3Vl<B> {
-    fn embed_tokens(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.text.embed(ids)
-    }
-
-    /// `embeds` may carry DeepStack blocks after the first `hidden` channels
-    /// ([`TextModel::forward`]).
-    fn forward_hidden(
-        &self,
-        _ids: Tensor<B, 2, Int>,
-        embeds: Tensor<B, 3>,
-        positions: Tensor<B, 3, Int>,
-        attention_mask: Tensor<B, 2, Int>,
-        cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
-        self.text
-            .forward(embeds, positions, attention_mask, cache, None)
-    }
-
-    fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.text.logits(hidden)
-    }
-
-    fn new_cache(&self) -> KvCache<B> {
-        KvCache::new(self.text.layers.len())
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.text.vocab_size
-    }
-
-    fn eos_token_ids(&self) -> Vec<u32> {
-        self.config.text.eos_token_ids.clone()
-    }
-
-    fn context_length(&self) -> usize {
-        self.config.text.max_position_embeddings
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.config.text.hidden_size
-    }
-}
+// `forward_hidden`'s embeddings may carry DeepStack blocks after the first `hidden` channels
+// (`TextModel::forward`).
+crate::qwen2_vl::qwen_causal_lm!(Qwen3Vl);
 
 impl<B: Backend> Vision<B> for Qwen3Vl<B> {
     fn image_token_id(&self) -> u32 {

@@ -16,16 +16,16 @@
 //! the main merger before it; both use the exact (erf) GELU. Four consecutive patch rows form
 //! one merged token. No window attention.
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::DType;
-use burn::tensor::activation::{gelu_approximate, softmax};
+use burn::tensor::activation::gelu_approximate;
 
 use super::config::{VisionAct, VisionConfig};
 use crate::capabilities::ProcessedImage;
 use crate::layers::{LayerNorm, Linear, Rotary, gelu_erf, inv_freq};
-use crate::weights::{Init, WeightSource, WeightVisitor};
+use crate::qwen2_vl::vision::{pixel_inputs, segment_attention};
+use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
 /// Checkpoint prefix of the tower.
 pub const PREFIX: &str = "model.visual";
@@ -45,34 +45,31 @@ pub struct VisionBlock<B: Backend> {
     pub gelu_tanh: bool,
 }
 
+impl<B: Backend> Weights<B> for VisionBlock<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(prefix, name);
+        self.norm1.weights(w, &at("norm1"));
+        self.norm2.weights(w, &at("norm2"));
+        self.qkv.weights(w, &at("attn.qkv"));
+        self.proj.weights(w, &at("attn.proj"));
+        self.fc1.weights(w, &at("mlp.linear_fc1"));
+        self.fc2.weights(w, &at("mlp.linear_fc2"));
+    }
+}
+
 impl<B: Backend> VisionBlock<B> {
-    fn load(src: &mut dyn WeightSource<B>, prefix: &str, c: &VisionConfig) -> Self {
+    fn new(device: &B::Device, c: &VisionConfig) -> Self {
         let w = c.width;
-        let norm = |src: &mut dyn WeightSource<B>, name: &str| {
-            LayerNorm::load(src, &format!("{prefix}.{name}"), w, VISION_NORM_EPS)
-        };
-        let linear = |src: &mut dyn WeightSource<B>, name: &str, i, o| {
-            Linear::load(src, &format!("{prefix}.{name}"), i, o, true)
-        };
         Self {
-            norm1: norm(src, "norm1"),
-            norm2: norm(src, "norm2"),
-            qkv: linear(src, "attn.qkv", w, 3 * w),
-            proj: linear(src, "attn.proj", w, w),
-            fc1: linear(src, "mlp.linear_fc1", w, c.mlp_hidden),
-            fc2: linear(src, "mlp.linear_fc2", c.mlp_hidden, w),
+            norm1: LayerNorm::new(device, w, VISION_NORM_EPS),
+            norm2: LayerNorm::new(device, w, VISION_NORM_EPS),
+            qkv: Linear::new(device, w, 3 * w, true),
+            proj: Linear::new(device, w, w, true),
+            fc1: Linear::new(device, w, c.mlp_hidden, true),
+            fc2: Linear::new(device, c.mlp_hidden, w, true),
             num_heads: c.num_heads,
             gelu_tanh: c.hidden_act == VisionAct::GeluTanh,
         }
-    }
-
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        self.norm1.export(sink, &format!("{prefix}.norm1"));
-        self.norm2.export(sink, &format!("{prefix}.norm2"));
-        self.qkv.export(sink, &format!("{prefix}.attn.qkv"));
-        self.proj.export(sink, &format!("{prefix}.attn.proj"));
-        self.fc1.export(sink, &format!("{prefix}.mlp.linear_fc1"));
-        self.fc2.export(sink, &format!("{prefix}.mlp.linear_fc2"));
     }
 
     /// `x` `[N, width]`; `rope` for `[1, N, heads, head_dim]`; attention inside each
@@ -83,33 +80,8 @@ impl<B: Backend> VisionBlock<B> {
         rope: &Rotary<B>,
         segments: &[(usize, usize)],
     ) -> Tensor<B, 2> {
-        let [n, width] = x.dims();
-        let heads = self.num_heads;
-        let d = width / heads;
-        let qkv = self
-            .qkv
-            .forward(self.norm1.forward(x.clone()))
-            .reshape([n, 3, heads, d]);
-        let part = |i: usize| qkv.clone().narrow(1, i, 1).reshape([n, heads, d]);
-        let rotated = |i: usize| {
-            rope.apply(part(i).reshape([1, n, heads, d]))
-                .reshape([n, heads, d])
-                .swap_dims(0, 1)
-        };
-        let q = rotated(0);
-        let k = rotated(1);
-        let v = part(2).swap_dims(0, 1);
-        let scale = 1.0 / (d as f64).sqrt();
-        let mut outs = Vec::with_capacity(segments.len());
-        for &(start, len) in segments {
-            let qs = q.clone().narrow(1, start, len);
-            let ks = k.clone().narrow(1, start, len);
-            let vs = v.clone().narrow(1, start, len);
-            let dtype = qs.dtype();
-            let scores = (qs.matmul(ks.transpose()) * scale).cast(DType::F32);
-            outs.push(softmax(scores, 2).cast(dtype).matmul(vs));
-        }
-        let attn = Tensor::cat(outs, 1).swap_dims(0, 1).reshape([n, width]);
+        let qkv = self.qkv.forward(self.norm1.forward(x.clone()));
+        let attn = segment_attention(qkv, self.num_heads, rope, segments, None);
         let x = x + self.proj.forward(attn);
         let z = self.fc1.forward(self.norm2.forward(x.clone()));
         let z = if self.gelu_tanh {
@@ -132,33 +104,24 @@ pub struct PatchMerger<B: Backend> {
     pub postshuffle_norm: bool,
 }
 
+impl<B: Backend> Weights<B> for PatchMerger<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        self.norm.weights(w, &join(prefix, "norm"));
+        self.fc1.weights(w, &join(prefix, "linear_fc1"));
+        self.fc2.weights(w, &join(prefix, "linear_fc2"));
+    }
+}
+
 impl<B: Backend> PatchMerger<B> {
-    fn load(
-        src: &mut dyn WeightSource<B>,
-        prefix: &str,
-        c: &VisionConfig,
-        postshuffle_norm: bool,
-    ) -> Self {
+    fn new(device: &B::Device, c: &VisionConfig, postshuffle_norm: bool) -> Self {
         let merged = c.width * c.spatial_merge_size * c.spatial_merge_size;
         let norm_width = if postshuffle_norm { merged } else { c.width };
         Self {
-            norm: LayerNorm::load(src, &format!("{prefix}.norm"), norm_width, VISION_NORM_EPS),
-            fc1: Linear::load(src, &format!("{prefix}.linear_fc1"), merged, merged, true),
-            fc2: Linear::load(
-                src,
-                &format!("{prefix}.linear_fc2"),
-                merged,
-                c.out_width,
-                true,
-            ),
+            norm: LayerNorm::new(device, norm_width, VISION_NORM_EPS),
+            fc1: Linear::new(device, merged, merged, true),
+            fc2: Linear::new(device, merged, c.out_width, true),
             postshuffle_norm,
         }
-    }
-
-    fn export<V: WeightVisitor<B>>(&self, sink: &mut V, prefix: &str) {
-        self.norm.export(sink, &format!("{prefix}.norm"));
-        self.fc1.export(sink, &format!("{prefix}.linear_fc1"));
-        self.fc2.export(sink, &format!("{prefix}.linear_fc2"));
     }
 
     /// `x` `[N, D]` → `[N/unit, out]` (`unit` = merge²).
@@ -239,70 +202,54 @@ pub struct VisionTower<B: Backend> {
     pub inv_freq: Vec<f32>,
 }
 
-impl<B: Backend> VisionTower<B> {
-    pub fn load(src: &mut dyn WeightSource<B>, c: &VisionConfig) -> Self {
-        let p = c.patch_size;
-        let patch = src.take(
-            &format!("{PREFIX}.patch_embed.proj.weight"),
-            [c.width, c.in_channels, c.temporal_patch_size, p, p],
-            Init::Matrix,
-        );
-        let patch_bias = src.take1(
-            &format!("{PREFIX}.patch_embed.proj.bias"),
-            [c.width],
-            Init::Zeros,
-        );
-        let pos_embed = src.take2(
-            &format!("{PREFIX}.pos_embed.weight"),
-            [c.num_position_embeddings, c.width],
+/// `model.visual.{patch_embed, pos_embed, blocks.{i}, merger, deepstack_merger_list.{k}}`.
+impl<B: Backend> Weights<B> for VisionTower<B> {
+    fn weights<W: WeightNames<B>>(&mut self, w: &mut W, prefix: &str) {
+        let at = |name: &str| join(&join(prefix, PREFIX), name);
+        let patch = at("patch_embed.proj");
+        w.tensor(&join(&patch, "weight"), &mut self.patch_embed, Init::Matrix);
+        w.tensor(&join(&patch, "bias"), &mut self.patch_bias, Init::Zeros);
+        w.tensor(
+            &at("pos_embed.weight"),
+            &mut self.pos_embed,
             Init::Embedding,
         );
-        let blocks = (0..c.depth)
-            .map(|i| VisionBlock::load(src, &format!("{PREFIX}.blocks.{i}"), c))
-            .collect();
-        let merger = PatchMerger::load(src, &format!("{PREFIX}.merger"), c, false);
-        let deepstack_mergers = (0..c.deepstack_visual_indexes.len())
-            .map(|k| {
-                PatchMerger::load(src, &format!("{PREFIX}.deepstack_merger_list.{k}"), c, true)
-            })
-            .collect();
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            b.weights(w, &at(&format!("blocks.{i}")));
+        }
+        self.merger.weights(w, &at("merger"));
+        for (k, m) in self.deepstack_mergers.iter_mut().enumerate() {
+            m.weights(w, &at(&format!("deepstack_merger_list.{k}")));
+        }
+    }
+}
+
+impl<B: Backend> VisionTower<B> {
+    pub fn new(device: &B::Device, c: &VisionConfig) -> Self {
+        let p = c.patch_size;
         let head_dim = c.width / c.num_heads;
         Self {
-            patch_embed: Param::from_tensor(patch),
-            patch_bias: Param::from_tensor(patch_bias),
-            pos_embed: Param::from_tensor(pos_embed),
-            blocks,
-            merger,
-            deepstack_mergers,
+            patch_embed: shaped(
+                device,
+                [c.width, c.in_channels, c.temporal_patch_size, p, p],
+            ),
+            patch_bias: shaped(device, [c.width]),
+            pos_embed: shaped(device, [c.num_position_embeddings, c.width]),
+            blocks: (0..c.depth).map(|_| VisionBlock::new(device, c)).collect(),
+            merger: PatchMerger::new(device, c, false),
+            deepstack_mergers: (0..c.deepstack_visual_indexes.len())
+                .map(|_| PatchMerger::new(device, c, true))
+                .collect(),
             config: c.clone(),
             // Qwen3VLVisionRotaryEmbedding(head_dim / 2): 1/theta^(2j/(head_dim/2)), j < head_dim/4.
             inv_freq: inv_freq(c.rope_theta, head_dim / 2),
         }
     }
 
-    pub fn export<V: WeightVisitor<B>>(&self, sink: &mut V) {
-        sink.put(
-            &format!("{PREFIX}.patch_embed.proj.weight"),
-            self.patch_embed.val(),
-        );
-        sink.put(
-            &format!("{PREFIX}.patch_embed.proj.bias"),
-            self.patch_bias.val(),
-        );
-        sink.put(&format!("{PREFIX}.pos_embed.weight"), self.pos_embed.val());
-        for (i, b) in self.blocks.iter().enumerate() {
-            b.export(sink, &format!("{PREFIX}.blocks.{i}"));
-        }
-        self.merger.export(sink, &format!("{PREFIX}.merger"));
-        for (k, m) in self.deepstack_mergers.iter().enumerate() {
-            m.export(sink, &format!("{PREFIX}.deepstack_merger_list.{k}"));
-        }
-    }
-
     /// Patch coordinates, attention segments and position-embedding taps of images with grids
     /// `[t, gh, gw]`, in `pixel_values` row order: per frame, row
     /// `((bh·(gw/m) + bw)·m + mh)·m + mw` is patch `(h, w) = (m·bh+mh, m·bw+mw)`; its taps are
-    /// the products of [`axis_taps`] on each axis, ordered (h0,w0), (h0,w1), (h1,w0), (h1,w1),
+    /// the products of `axis_taps` on each axis, ordered (h0,w0), (h0,w1), (h1,w0), (h1,w1),
     /// index `h·side + w` (every frame repeats the table).
     pub fn layout(&self, grids: &[[usize; 3]]) -> VisionLayout {
         let m = self.config.spatial_merge_size;
@@ -440,36 +387,12 @@ impl<B: Backend> VisionTower<B> {
         images: &[ProcessedImage],
         device: &B::Device,
     ) -> Result<(Tensor<B, 2>, Vec<[usize; 3]>)> {
-        let dim = self.config.patch_dim();
-        let m = self.config.spatial_merge_size;
-        let mut values = Vec::new();
-        let mut grids = Vec::with_capacity(images.len());
-        for (k, img) in images.iter().enumerate() {
-            ensure!(
-                img.grid.len() == 3,
-                "image {k}: grid {:?} is not [t, h, w]",
-                img.grid
-            );
-            let grid = [img.grid[0], img.grid[1], img.grid[2]];
-            let patches = grid[0] * grid[1] * grid[2];
-            ensure!(
-                img.pixel_values.len() == patches * dim,
-                "image {k}: {} pixel values, grid {:?} needs {patches}×{dim}",
-                img.pixel_values.len(),
-                img.grid
-            );
-            ensure!(
-                grid[1] % m == 0 && grid[2] % m == 0,
-                "image {k}: grid {:?} is not divisible by the merge size {m}",
-                img.grid
-            );
-            values.extend_from_slice(&img.pixel_values);
-            grids.push(grid);
-        }
-        let rows = values.len() / dim;
-        let t = Tensor::<B, 1>::from_data(TensorData::new(values, [rows * dim]), device)
-            .reshape([rows, dim]);
-        Ok((t, grids))
+        pixel_inputs(
+            images,
+            self.config.patch_dim(),
+            self.config.spatial_merge_size,
+            device,
+        )
     }
 }
 

@@ -21,13 +21,12 @@ use flowrl_models::Model;
 use flowrl_models::capabilities::{CausalLm, PaddedBatch, ProcessedImage, plain_positions};
 use flowrl_models::gemma4::Gemma4;
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
-use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::weights::GradCollector;
 use rand::SeedableRng;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
-use super::fixtures_root;
+use super::{fixtures_root, greedy_config};
 
 /// A tensor read from a fixture file.
 #[derive(Clone)]
@@ -532,13 +531,7 @@ pub fn greedy_decoding_through_kv_cache_matches_transformers<B: Backend>(dev: &B
             vision: model.vision(),
             positions: model.multimodal_positions(),
         };
-        let config = GenerationConfig {
-            max_new_tokens: steps,
-            sampling: SamplingConfig::greedy(),
-            stop_token_ids: vec![],
-            pad_token_id: 0,
-            suppress_token_ids: vec![],
-        };
+        let config = greedy_config(steps);
         let mut rngs: Vec<_> = (0..inputs.len())
             .map(|i| rand::rngs::StdRng::seed_from_u64(i as u64))
             .collect();

@@ -128,6 +128,14 @@ pub fn padded_batch(inputs: &HashMap<String, Array>) -> flowrl_models::PaddedBat
 pub fn qwen_images(
     inputs: &HashMap<String, Array>,
 ) -> (Vec<flowrl_models::ProcessedImage>, Vec<[usize; 3]>) {
+    qwen_images_merged(inputs, 2)
+}
+
+/// [`qwen_images`] of a tower that merges `merge`×`merge` patches into one token.
+pub fn qwen_images_merged(
+    inputs: &HashMap<String, Array>,
+    merge: usize,
+) -> (Vec<flowrl_models::ProcessedImage>, Vec<[usize; 3]>) {
     let mut images = Vec::new();
     let mut grids = Vec::new();
     if let (Some(px), Some(g)) = (inputs.get("pixel_values"), inputs.get("image_grid_thw")) {
@@ -147,7 +155,7 @@ pub fn qwen_images(
                     .collect(),
                 shape: vec![n, dim],
                 grid: grid.to_vec(),
-                num_tokens: n / 4,
+                num_tokens: n / (merge * merge),
                 patch_positions: None,
                 video: None,
             });
@@ -165,4 +173,44 @@ pub fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// The largest absolute difference of two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Greedy decoding of `steps` tokens without stop tokens, padding with 0, nothing suppressed.
+pub fn greedy_config(steps: usize) -> flowrl_models::generate::GenerationConfig {
+    flowrl_models::generate::GenerationConfig {
+        max_new_tokens: steps,
+        sampling: flowrl_models::sampling::SamplingConfig::greedy(),
+        stop_token_ids: vec![],
+        pad_token_id: 0,
+        suppress_token_ids: vec![],
+    }
+}
+
+/// Final-normed hidden states of a prompt batch with its images: the model's input embeddings,
+/// then its decoder at `positions`, filling `cache` when given.
+pub fn prompt_hidden<B: burn::prelude::Backend>(
+    model: &flowrl_models::Model<B>,
+    batch: &flowrl_models::PaddedBatch,
+    images: &[flowrl_models::ProcessedImage],
+    positions: &flowrl_models::PositionIds,
+    device: &B::Device,
+    cache: Option<&mut flowrl_models::KvCache<B>>,
+) -> burn::prelude::Tensor<B, 3> {
+    let embeds = model.input_embeddings(batch, images, device).unwrap();
+    model.causal_lm().forward_hidden(
+        batch.ids_tensor(device),
+        embeds,
+        positions.tensor(device),
+        batch.mask_tensor(device),
+        cache,
+    )
 }

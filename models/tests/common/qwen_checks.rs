@@ -13,7 +13,8 @@ use flowrl_models::weights::GradCollector;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 
 use super::{
-    Array, fixtures_root, max_dev, model_cases, padded_batch, qwen_images, read_safetensors,
+    Array, fixtures_root, max_dev, model_cases, padded_batch, prompt_hidden, qwen_images,
+    read_safetensors,
 };
 
 pub const FAMILIES: &[&str] = &["qwen2_vl", "qwen2_5_vl"];
@@ -92,6 +93,18 @@ fn assert_found(cases: &[std::path::PathBuf]) {
     );
 }
 
+/// The case in `dir` (its name added to `report`) and its model loaded on `B`.
+fn load_case<B: Backend>(
+    dir: &Path,
+    device: &B::Device,
+    report: &mut Vec<String>,
+) -> (Case, Model<B>) {
+    let case = read_case(dir);
+    report.push(case.name.clone());
+    let model = Model::<B>::load(dir, device).expect("fixture model loads");
+    (case, model)
+}
+
 /// Position ids, vision intermediates, image embeddings, decoder layers, logits, token
 /// log-probs and loss of a full forward on `B`, each within `tol`.
 #[allow(irrefutable_let_patterns)]
@@ -99,9 +112,7 @@ pub fn forward_matches_transformers<B: Backend>(device: &B::Device, tol: f64) {
     let cases = model_cases(FAMILIES);
     let mut report = Vec::new();
     for dir in &cases {
-        let case = read_case(dir);
-        report.push(case.name.clone());
-        let model = Model::<B>::load(dir, device).expect("fixture model loads");
+        let (case, model) = load_case::<B>(dir, device, &mut report);
         let Model::QwenVl(qwen) = &model else {
             panic!("{}: not a Qwen VL model", case.name)
         };
@@ -233,9 +244,7 @@ pub fn kv_cached_decoding_matches_transformers<B: Backend>(device: &B::Device, t
     let cases = model_cases(FAMILIES);
     let mut report = Vec::new();
     for dir in &cases {
-        let case = read_case(dir);
-        report.push(case.name.clone());
-        let model = Model::<B>::load(dir, device).expect("fixture model loads");
+        let (case, model) = load_case::<B>(dir, device, &mut report);
         let batch = &case.batch;
         let (b, l) = (batch.batch, batch.len);
         let pos = model.position_ids(batch, &case.images).unwrap();
@@ -245,14 +254,7 @@ pub fn kv_cached_decoding_matches_transformers<B: Backend>(device: &B::Device, t
         let gen_ids = &case.expected["generated_ids"];
         let steps = gen_ids.shape[1];
         let mut cache = lm.new_cache();
-        let embeds = model.input_embeddings(batch, &case.images, device).unwrap();
-        let hidden = lm.forward_hidden(
-            batch.ids_tensor(device),
-            embeds,
-            pos.tensor(device),
-            batch.mask_tensor(device),
-            Some(&mut cache),
-        );
+        let hidden = prompt_hidden(&model, batch, &case.images, &pos, device, Some(&mut cache));
         let mut step_logits = host(lm.lm_head(hidden.narrow(1, l - 1, 1)));
         let real = batch.real_lengths();
         let mut mask = batch.attention_mask.clone();
@@ -361,14 +363,7 @@ pub fn gradients_match_transformers<AD: AutodiffBackend>(device: &AD::Device, gr
         let batch = &case.batch;
         let pos = model.position_ids(batch, &case.images).unwrap();
         let lm = model.causal_lm();
-        let embeds = model.input_embeddings(batch, &case.images, device).unwrap();
-        let hidden = lm.forward_hidden(
-            batch.ids_tensor(device),
-            embeds,
-            pos.tensor(device),
-            batch.mask_tensor(device),
-            None,
-        );
+        let hidden = prompt_hidden(&model, batch, &case.images, &pos, device, None);
         let (_, loss) = logprob_loss(lm.lm_head(hidden), batch, &case.expected["response_mask"]);
         let grads = loss.backward();
         let mut collector = GradCollector::<AD>::new(&grads);
