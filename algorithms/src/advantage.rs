@@ -1,6 +1,6 @@
 //! Outcome advantage estimators: verl's `core_algos.compute_*_outcome_advantage`.
 //!
-//! Every estimator starts from the response score s_b = Σ_t r[b,t] over **all** T positions
+//! Every estimator starts from the response score s_b = Σ_t r\[b,t\] over **all** T positions
 //! (the mask is not applied to this sum, as in verl). Group estimators group responses by
 //! their prompt uid string (equal strings form a group wherever they sit in the batch).
 //!
@@ -445,7 +445,7 @@ impl<'a> TokenRewards<'a> {
         &values[b * self.cols..(b + 1) * self.cols]
     }
 
-    /// The response scores s_b = Σ_t r[b,t] over **all** positions (verl
+    /// The response scores s_b = Σ_t r\[b,t\] over **all** positions (verl
     /// `token_level_rewards.sum(dim=-1)`; the mask is not applied).
     pub fn scores(&self) -> Vec<f64> {
         (0..self.rows)
@@ -453,14 +453,14 @@ impl<'a> TokenRewards<'a> {
             .collect()
     }
 
-    /// The response lengths n_b = Σ_t m[b,t].
+    /// The response lengths n_b = Σ_t m\[b,t\].
     pub fn lengths(&self) -> Vec<f64> {
         (0..self.rows)
             .map(|b| self.row(self.response_mask, b).iter().sum())
             .collect()
     }
 
-    /// An outcome estimator's result: `advantages[b,t] = a_b · m[b,t]`, `returns` the same
+    /// An outcome estimator's result: `advantages[b,t] = a_b · m\[b,t\]`, `returns` the same
     /// (verl `scores.unsqueeze(-1) * response_mask`, returned twice).
     pub fn broadcast(&self, per_response: &[f64]) -> HostAdvantages {
         let advantages: Vec<f64> = (0..self.rows * self.cols)

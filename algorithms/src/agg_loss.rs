@@ -52,11 +52,7 @@ impl LossAggMode {
 
     /// The verl name of the mode.
     pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(m, _)| *m == self)
-            .map(|(_, n)| *n)
-            .unwrap_or("")
+        crate::names::name_of(&Self::ALL, self)
     }
 }
 
@@ -71,10 +67,7 @@ impl FromStr for LossAggMode {
 
     /// Parses a verl mode name; anything else is `Invalid loss_agg_mode: <name>`.
     fn from_str(s: &str) -> Result<Self> {
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(m, _)| *m)
+        crate::names::named(&Self::ALL, s)
             .ok_or_else(|| AlgoError::InvalidLossAggMode(s.to_string()))
     }
 }

@@ -12,7 +12,7 @@
 //!   metrics;
 //! * [`kl`]: the k1/abs/k2/k3 KL estimators and their straight-through variants
 //!   (`core_algos.kl_penalty`), as a loss term and as a reward penalty;
-//! * [`agg_loss`]: loss aggregation modes with global (micro-batch / data-parallel)
+//! * [`agg_loss`](mod@agg_loss): loss aggregation modes with global (micro-batch / data-parallel)
 //!   normalisation (`core_algos.agg_loss`);
 //! * [`entropy`]: token entropy and label log-probs from logits or hidden states, chunked
 //!   along the sequence (`torch_functional.entropy_from_logits`, `logprobs_from_logits`);
@@ -32,6 +32,7 @@ pub mod agg_loss;
 pub mod entropy;
 pub mod error;
 pub mod kl;
+mod names;
 pub mod policy_loss;
 pub mod rewards;
 mod tensor_util;

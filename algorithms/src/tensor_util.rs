@@ -47,7 +47,7 @@ pub fn masked_sum<B: Backend, const D: usize>(x: Tensor<B, D>, mask: Tensor<B, D
 }
 
 /// verl `masked_mean` (`verl.utils.torch_functional.masked_mean`): Σ(x·m) / (Σm + 1e-8),
-/// with the selection semantics of [`masked_sum`] so masked NaN/inf cannot leak.
+/// with the selection semantics of `masked_sum` so masked NaN/inf cannot leak.
 pub fn masked_mean<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     mask: Tensor<B, D>,
@@ -56,7 +56,7 @@ pub fn masked_mean<B: Backend, const D: usize>(
     masked_sum(x, mask).div(count.add_scalar(1e-8))
 }
 
-/// Per-row [`masked_sum`]: `[B, T]` → `[B, 1]`, Σ_t where(m≠0, x, 0)·m.
+/// Per-row `masked_sum`: `[B, T]` → `[B, 1]`, Σ_t where(m≠0, x, 0)·m.
 pub(crate) fn row_masked_sum<B: Backend>(x: Tensor<B, 2>, mask: Tensor<B, 2>) -> Tensor<B, 2> {
     let invalid = mask.clone().equal_elem(0.0);
     x.mask_fill(invalid, 0.0).mul(mask).sum_dim(1)

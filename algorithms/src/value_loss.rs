@@ -13,7 +13,7 @@
 //! vf_clipfrac = masked_mean(L2 > L1, m)
 //! ```
 //!
-//! `agg_loss` is [`crate::agg_loss`] with its global normalisation ([`GlobalBatchInfo`]); verl's
+//! `agg_loss` is [`crate::agg_loss`](fn@crate::agg_loss) with its global normalisation ([`GlobalBatchInfo`]); verl's
 //! critic calls it with the micro-batch's own normalisation (`GlobalBatchInfo::default()`).
 //!
 //! Explained variance, over the valid tokens (torch's unbiased `var`):

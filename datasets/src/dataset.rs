@@ -488,22 +488,16 @@ impl PromptDataset {
             let rec = &self.records[*index];
             let row = &rec.row;
             let mut images = Vec::with_capacity(row.images.len());
+            // A processor's error, at the row's picture column (`key`, else verl's `default`).
+            let cell = |key: &Option<String>, default: &str, message: String| {
+                let col = key.as_deref().unwrap_or(default);
+                DataError::cell(&row.source.file, row.source.row, col, message)
+            };
+            let cols = &self.options.read.columns;
             let videos = self
                 .encoder
                 .process_videos(&decode_row_videos(row, &self.options.read)?)
-                .map_err(|e| {
-                    DataError::cell(
-                        &row.source.file,
-                        row.source.row,
-                        self.options
-                            .read
-                            .columns
-                            .video_key
-                            .as_deref()
-                            .unwrap_or("videos"),
-                        format!("{e:#}"),
-                    )
-                })?;
+                .map_err(|e| cell(&cols.video_key, "videos", format!("{e:#}")))?;
             if !row.images.is_empty() {
                 let processor = self
                     .encoder
@@ -515,17 +509,7 @@ impl PromptDataset {
                     .enumerate()
                 {
                     images.push(processor.process(img).map_err(|e| {
-                        DataError::cell(
-                            &row.source.file,
-                            row.source.row,
-                            self.options
-                                .read
-                                .columns
-                                .image_key
-                                .as_deref()
-                                .unwrap_or("images"),
-                            format!("image {k}: {e:#}"),
-                        )
+                        cell(&cols.image_key, "images", format!("image {k}: {e:#}"))
                     })?);
                 }
             }

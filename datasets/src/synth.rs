@@ -12,7 +12,7 @@
 //! A second flavour of the same tokenizer carries Gemma 4's special tokens and turn template
 //! ([`write_gemma4_tokenizer_dir`], `assets/tokenizer-gemma4`) for the tiny Gemma 4 policy.
 //!
-//! Everything is a function of the seed alone ([`crate::rng::SplitMix64`]); the tokenizer does not
+//! Everything is a function of the seed alone (`rng::SplitMix64`); the tokenizer does not
 //! even depend on the seed (it is trained on the task's whole text vocabulary), so the committed
 //! `assets/tokenizer` matches any generated split.
 

@@ -327,28 +327,21 @@ mod tests {
 
     #[test]
     fn patterns() {
+        let class = |key: &str| classify(key).unwrap().class;
         assert!(matches!(
-            classify("actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params")
-                .unwrap()
-                .class,
+            class("actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params"),
             Class::NoEffect(_)
         ));
         assert!(matches!(
-            classify("actor_rollout_ref.rollout.val_kwargs._target_")
-                .unwrap()
-                .class,
+            class("actor_rollout_ref.rollout.val_kwargs._target_"),
             Class::NoEffect(_)
         ));
         assert!(matches!(
-            classify("actor_rollout_ref.actor.clip_ratio_high")
-                .unwrap()
-                .class,
+            class("actor_rollout_ref.actor.clip_ratio_high"),
             Class::Mapped(_)
         ));
         assert!(matches!(
-            classify("actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache")
-                .unwrap()
-                .class,
+            class("actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache"),
             Class::NoEffect(_)
         ));
         assert!(classify("actor_rollout_ref.actor.no_such_key").is_none());

@@ -14,7 +14,7 @@
 //! response token by the attention mask, column T−1 for an empty response) and lets GRPO sum the
 //! row back, so the position never matters: the component enters as its per-response scores.
 //! When verl's function is called without the raw batch (its fallback), the one component is
-//! the response score s_b = Σ_t r[b,t] with weight 1 (`components = None` here). The batch
+//! the response score s_b = Σ_t r\[b,t\] with weight 1 (`components = None` here). The batch
 //! needs at least 2 valid tokens (whitening).
 
 use super::{

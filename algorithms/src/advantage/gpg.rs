@@ -1,7 +1,7 @@
 //! GPG: group policy gradient (verl `core_algos.compute_gpg_outcome_advantage`, registry name
 //! `gpg`).
 //!
-//! With the scores s_b = Σ_t r[b,t] and B responses:
+//! With the scores s_b = Σ_t r\[b,t\] and B responses:
 //!
 //! * α = B / max(#{b : s_b ≠ 0}, 1), the inverse share of responses with a non-zero score;
 //! * A_b = α·(s_b − mean_g) / f_norm per uid group (a singleton's mean is 0), no std

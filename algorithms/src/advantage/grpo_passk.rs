@@ -2,7 +2,7 @@
 //! `grpo_passk`; <https://arxiv.org/abs/2503.19595>).
 //!
 //! Per uid group (at least 2 responses, else verl's `ValueError`), with the scores
-//! s_b = Σ_t r[b,t] and the two largest r1 ≥ r2: the response holding r1 gets r1 − r2, divided
+//! s_b = Σ_t r\[b,t\] and the two largest r1 ≥ r2: the response holding r1 gets r1 − r2, divided
 //! by (unbiased std of the group's scores + ε) when `norm_adv_by_std_in_grpo`; every other
 //! response gets 0. When r1 = r2 every advantage is 0, so ties need no rule. Broadcast × mask;
 //! `returns` = `advantages`.

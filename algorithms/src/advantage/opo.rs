@@ -3,7 +3,7 @@
 //! <https://arxiv.org/pdf/2505.23585>).
 //!
 //! Per uid group of at least 2 responses the baseline is the length-weighted mean score
-//! b_g = Σ n_b·s_b / Σ n_b, with n_b = Σ_t m[b,t] and s_b = Σ_t r[b,t]; a singleton's baseline
+//! b_g = Σ n_b·s_b / Σ n_b, with n_b = Σ_t m\[b,t\] and s_b = Σ_t r\[b,t\]; a singleton's baseline
 //! is 0. A_b = s_b − b_g, broadcast × mask; `returns` = `advantages`. verl's function takes an
 //! `epsilon` that it never uses.
 //!

@@ -6,10 +6,10 @@
 //!
 //! 1. r = exp(δ), L1 = −A·r, L2 = −A·clamp(r, 1−ε_lo, 1+ε_hi);
 //! 2. cov_t = (A_t − MM(A))·(log_prob_t − MM(log_prob));
-//! 3. candidates: valid tokens with not [L2 > L1] and `clip_cov_lb` < cov < `clip_cov_ub`;
+//! 3. candidates: valid tokens with not \[L2 > L1\] and `clip_cov_lb` < cov < `clip_cov_ub`;
 //! 4. clip_num = max(⌊`clip_cov_ratio`·Σm⌋, 1);
 //! 5. with K candidates (row-major cand[0..K)), verl draws perm = `torch.randperm(K)` (only when
-//!    K > 0) and selects cand[perm[j]] for j < min(clip_num, K): all candidates when K ≤
+//!    K > 0) and selects cand\[perm\[j\]\] for j < min(clip_num, K): all candidates when K ≤
 //!    clip_num, a random subset otherwise. The permutation comes from the caller here;
 //! 6. L = max(L1, L2)·[not selected] (no gradient through the selection: −A·r where L2 ≤ L1
 //!    and the token is not selected, else 0), then L·W and `agg_loss` with the mode and global

@@ -18,7 +18,7 @@
 //! * L = −A·r̄·log_prob·v (constant v): the value is not a surrogate, only its gradient
 //!   −A·r̄·v matters; then L·W and `agg_loss` with the mode and global info.
 //!
-//! Metrics: `pg_clipfrac` = MM(1 − v), `pg_clipfrac_lower` = MM([r > c]·v), `ppo_kl` = MM(−δc).
+//! Metrics: `pg_clipfrac` = MM(1 − v), `pg_clipfrac_lower` = MM(\[r > c\]·v), `ppo_kl` = MM(−δc).
 
 use burn::prelude::*;
 

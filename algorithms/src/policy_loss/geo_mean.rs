@@ -18,7 +18,7 @@
 //! Gradient: dpg_loss/dlog_prob_t = −Ā_b·ρ_b·ω_b·m_t/(n_b + 1e-8)·g_t/B, with g_t = 0 where the
 //! clamp wins (A > 0 ∧ δ > ε_hi, or A < 0 ∧ δ < −ε_lo) or A = 0, else 1.
 //!
-//! Metrics: `pg_clipfrac` = MM([δ ≠ δcl]·[A > 0]), `pg_clipfrac_lower` = MM([δ ≠ δcl]·[A < 0])
+//! Metrics: `pg_clipfrac` = MM([δ ≠ δcl]·\[A > 0\]), `pg_clipfrac_lower` = MM([δ ≠ δcl]·\[A < 0\])
 //! (every token outside the range, even where the min kept δ), `ppo_kl` = MM(−δ). There is no
 //! per-token loss.
 

@@ -15,7 +15,7 @@
 //! global info)`: verl ignores `loss_agg_mode` here but honours `dp_size` and
 //! `global_batch_size`. The GSPO paper uses ε_lo = 3e-4, ε_hi = 4e-4.
 //!
-//! Metrics: `pg_clipfrac` = MM([L2 > L1]), `pg_clipfrac_lower` = 0, `ppo_kl` = MM(−δ).
+//! Metrics: `pg_clipfrac` = MM(\[L2 > L1\]), `pg_clipfrac_lower` = 0, `ppo_kl` = MM(−δ).
 
 use burn::prelude::*;
 

@@ -7,8 +7,8 @@
 //! 1. the valid tokens in row-major order, a = A and l = log_prob there, N of them;
 //!    cov_j = (a_j − mean(a))·(l_j − mean(l)) (plain means);
 //! 2. the k = max(1, ⌊N·`kl_cov_ratio`⌋) tokens of largest cov are selected (none when N = 0);
-//! 3. L = −A·r + κ·|δ|·[selected], r = exp(δ), κ = `ppo_kl_coef`, so dL/dlog_prob =
-//!    −A·r + κ·sign(δ)·[selected] (sign(0) = 0); then L·W and `agg_loss` with the mode and
+//! 3. L = −A·r + κ·|δ|·\[selected\], r = exp(δ), κ = `ppo_kl_coef`, so dL/dlog_prob =
+//!    −A·r + κ·sign(δ)·\[selected\] (sign(0) = 0); then L·W and `agg_loss` with the mode and
 //!    global info.
 //!
 //! κ defaults to 0.1 (verl's config default; the function's docstring says 1, which is only its

@@ -22,7 +22,7 @@
 //! Common notation: δ = log_prob − old_log_prob, m = the 0/1 response mask, A = the advantage,
 //! W = `rollout_is_weights` (a constant: no gradient flows through it), MM(x) = Σ(x·m)/(Σm + 1e-8)
 //! (the one [`masked_mean`](crate::masked_mean)). Unless a loss says otherwise its per-token
-//! loss L is multiplied by W and reduced with [`agg_loss`](crate::agg_loss)`(L·W, m, mode,
+//! loss L is multiplied by W and reduced with [`agg_loss`](fn@crate::agg_loss)`(L·W, m, mode,
 //! global info)`. Where verl quietly ignores a setting (gspo and sapo always aggregate
 //! `seq-mean-token-mean`; geo_mean ignores the mode and the global normalisation), so does the
 //! implementation: [`PolicyLossMode::reads`] and [`PolicyLossMode::aggregation`] say what each
@@ -108,11 +108,7 @@ impl PolicyLossMode {
 
     /// The verl name of the loss.
     pub fn name(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(m, _)| *m == self)
-            .map(|(_, n)| *n)
-            .unwrap_or("")
+        crate::names::name_of(&Self::ALL, self)
     }
 
     /// The configuration fields the loss reads (verl's names; `loss_agg_mode` and the global
@@ -184,15 +180,11 @@ impl FromStr for PolicyLossMode {
 
     /// Parses a verl loss name; anything else is an [`AlgoError::Unknown`] listing the names.
     fn from_str(s: &str) -> Result<Self> {
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(m, _)| *m)
-            .ok_or_else(|| AlgoError::Unknown {
-                kind: "policy loss",
-                name: s.to_string(),
-                expected: Self::ALL.map(|(_, n)| n).join(", "),
-            })
+        crate::names::named(&Self::ALL, s).ok_or_else(|| AlgoError::Unknown {
+            kind: "policy loss",
+            name: s.to_string(),
+            expected: Self::ALL.map(|(_, n)| n).join(", "),
+        })
     }
 }
 

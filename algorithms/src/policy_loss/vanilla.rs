@@ -9,7 +9,7 @@
 //! 5. pg_loss = agg_loss(loss, mask, mode, global info)
 //!
 //! Metrics (masked means, Σ(x·m)/(Σm + 1e-8)): `ppo_kl` = mean(−δ), `pg_clipfrac` =
-//! mean([L2 > L1]), `pg_clipfrac_lower` = mean([Lc > −A·c ∧ A < 0]).
+//! mean(\[L2 > L1\]), `pg_clipfrac_lower` = mean([Lc > −A·c ∧ A < 0]).
 //!
 //! The branches are chosen with explicit masks, so the gradient w.r.t. `log_prob` is −A·r
 //! (times the aggregation factor) where L1 won, and 0 where δ was clamped, the clipped branch

@@ -6,7 +6,7 @@
 //! * format = 1 iff the whole response matches `<think>.*</think>.*\boxed\{.*\}.*` with `.`
 //!   matching newlines (Python `re.fullmatch(..., re.DOTALL)`; case-sensitive, no leading
 //!   text; braces need not balance);
-//! * acc = 1 iff [`grade_answer`](super::grader::grade_answer) accepts the content of the
+//! * acc = 1 iff [`grade_answer`] accepts the content of the
 //!   **last** `\boxed{` (brace-matched, whitespace-stripped; the string `None` when there is no
 //!   box or it never closes) against the ground truth.
 

@@ -17,7 +17,7 @@
 //!    is rejected; otherwise the difference is simplified and must be 0.
 //!
 //! Step 3's "simplification" is where the reference uses sympy. Here an exact evaluator
-//! ([`super::exact`]) decides it: rationals, `sqrt` of rationals, integer and half-integer
+//! (private `exact`) decides it: rationals, `sqrt` of rationals, integer and half-integer
 //! powers, π, and up to two free letters as polynomial variables, with + − × ÷ and implicit
 //! multiplication; purely numeric expressions with decimals follow sympy's `Float` arithmetic
 //! (53-bit, so `0.1+0.2` ≠ `0.3`; roots of decimals are numeric and never equal a symbolic
