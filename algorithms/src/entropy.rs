@@ -13,7 +13,7 @@
 //! `[B, T, V]` tensor; [`entropy_and_logprobs_from_hidden`] goes further and computes the
 //! logits themselves chunk by chunk from hidden states through an `lm_head` closure, so a
 //! full `[B, T, V]` logits tensor never exists. All functions are differentiable (the max
-//! shift is detached; the gradient does not depend on it).
+//! shift is a constant of the graph, `row_max`; the gradient does not depend on it).
 //!
 //! [`sum_pi_squared_from_hidden`] gives Σ_v softmax(z)_v² per position the same way (verl
 //! `torch_functional.calculate_sum_pi_squared_from_logits`, what the optimal-token-baseline
@@ -24,9 +24,24 @@ use burn::prelude::*;
 use crate::agg_loss::{GlobalBatchInfo, LossAggMode, agg_loss};
 use crate::error::{AlgoError, Result};
 
-/// z − max(z) (max detached) and log Σ exp(z − max) `[B, t, 1]` of one `[B, t, V]` block.
+/// max(z) over the vocabulary `[B, t, 1]`, as a constant of the graph: its values go through
+/// the host and come back as a leaf of their own (marked as requiring a gradient, which is
+/// computed and dropped: a `[B, t, 1]` reduction). With `z − z.detach().max_dim(2)`,
+/// burn-autodiff's checkpointing cannot recompute the subtraction (one input is a detached,
+/// untracked value) and keeps its vocabulary-sized output for the backward; with a leaf it
+/// keeps only the leaf and recomputes the shift. Same values, so the same log-probs, entropies
+/// and gradients of everything else (tests/lm_head_constant_max.rs); on a backend without
+/// autodiff the mark does nothing.
+fn row_max<B: Backend>(logits: &Tensor<B, 3>) -> Tensor<B, 3> {
+    let dtype = logits.dtype();
+    let max = logits.clone().detach().max_dim(2).into_data();
+    Tensor::from_data(max, (&logits.device(), dtype)).require_grad()
+}
+
+/// z − max(z) (max a constant, [`row_max`]) and log Σ exp(z − max) `[B, t, 1]` of one
+/// `[B, t, V]` block.
 fn shift_lse<B: Backend>(logits: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>) {
-    let max = logits.clone().detach().max_dim(2);
+    let max = row_max(&logits);
     let shifted = logits.sub(max);
     let lse = shifted.clone().exp().sum_dim(2).log();
     (shifted, lse)
@@ -52,7 +67,7 @@ fn logp_of<B: Backend>(
 
 /// Entropy and label log-probs `[B, t]` of one `[B, t, V]` block, with three vocabulary-sized
 /// tensors instead of the five that [`entropy_of`] + [`logp_of`] build (and fewer again in the
-/// backward). With x = z − max(z) (max detached), e = exp(x), s = Σ_v e_v:
+/// backward). With x = z − max(z) (max a constant, [`row_max`]), e = exp(x), s = Σ_v e_v:
 ///
 /// * log p(y) = x_y − log s (= z_y − logsumexp(z));
 /// * H = log s − Σ_v e_v·x_v / s (= lse − Σ softmax(z)·z, since softmax = e / s and the shift
@@ -65,7 +80,7 @@ fn both<B: Backend>(
     logits: Tensor<B, 3>,
     labels: Tensor<B, 2, Int>,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
-    let max = logits.clone().detach().max_dim(2);
+    let max = row_max(&logits);
     let shifted = logits.sub(max);
     let e = shifted.clone().exp();
     let s = e.clone().sum_dim(2);
@@ -239,7 +254,8 @@ where
     let t = hidden.dims()[1];
     let (sums, _) = chunked(t, chunk, |start, len| {
         let z = chunk_logits(&hidden, &lm_head, temperature, start, len)?;
-        let shifted = z.clone().sub(z.detach().max_dim(2));
+        let max = row_max(&z);
+        let shifted = z.sub(max);
         let lse = shifted.clone().exp().sum_dim(2).log();
         let lse2 = shifted.mul_scalar(2.0).exp().sum_dim(2).log();
         let s = lse2.sub(lse.mul_scalar(2.0)).exp().squeeze_dim(2);
