@@ -2,7 +2,9 @@
 //! `orchestrator` (the coordinator of a multi-process run).
 //!
 //! A binary embeds these commands with `#[command(flatten)]` (see `src/main.rs`, which adds
-//! `flowrl data`) or runs them alone with [`main_with`] (see `examples/custom_node`). Exit codes:
+//! `flowrl data`) or runs them alone with [`main_with`] (plugin binaries, through flowrl-nodes). The engine
+//! parses `orchestrator` but does not run it: the coordinator is burn-collective's, which the
+//! engine does not link; a binary that does passes it to [`execute_with`]. Exit codes:
 //! 0 success, 78 configuration error (sysexits' EX_CONFIG: the graph, an override or the device),
 //! 1 any other failure, 2 bad command-line usage (clap).
 
@@ -222,15 +224,25 @@ struct EngineCli {
     command: Command,
 }
 
-/// Parses the process arguments and runs an engine command with `registry` (for binaries that
-/// add their own kinds, e.g. `examples/custom_node`).
-pub fn main_with(registry: Registry) -> ExitCode {
+/// Parses the process arguments and runs an engine command with `registry`, `orchestrator`
+/// running the `orchestrator` command (for plugin binaries, through flowrl-nodes'
+/// `main_with_builtin_and`).
+pub fn main_with(registry: Registry, orchestrator: RunOrchestrator) -> ExitCode {
     let cli = EngineCli::parse();
-    execute(&cli.command, &registry)
+    execute_with(&cli.command, &registry, orchestrator)
 }
 
-/// Runs one command; returns the process exit code.
+/// A binary's `orchestrator` command: runs the coordinator until the process is killed.
+pub type RunOrchestrator = fn(&OrchestratorArgs) -> anyhow::Result<ExitCode>;
+
+/// Runs one command; returns the process exit code. `orchestrator` is an error that points to
+/// `flowrl orchestrator` (see [`execute_with`]).
 pub fn execute(cmd: &Command, registry: &Registry) -> ExitCode {
+    execute_with(cmd, registry, no_orchestrator)
+}
+
+/// [`execute`] in a binary that links an orchestrator and runs `orchestrator` with it.
+pub fn execute_with(cmd: &Command, registry: &Registry, orchestrator: RunOrchestrator) -> ExitCode {
     let result = match cmd {
         Command::Run(a) => cmd_run(a, registry),
         Command::Validate(a) => cmd_validate(a, registry),
@@ -240,7 +252,7 @@ pub fn execute(cmd: &Command, registry: &Registry) -> ExitCode {
             println!("wrote {}", p.display());
             ExitCode::SUCCESS
         }),
-        Command::Orchestrator(a) => cmd_orchestrator(a),
+        Command::Orchestrator(a) => orchestrator(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
@@ -464,18 +476,12 @@ fn cmd_nodes(a: &NodesArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `flowrl orchestrator --port P`: burn-collective's global orchestrator, which the processes of a
-/// multi-process run register with; it returns on Ctrl-C or SIGTERM.
-fn cmd_orchestrator(a: &OrchestratorArgs) -> anyhow::Result<ExitCode> {
-    // The orchestrator only logs a failure to listen; a port in use must be a clear error.
-    std::net::TcpListener::bind(("0.0.0.0", a.port))
-        .map_err(|e| anyhow::anyhow!("the orchestrator cannot listen on port {}: {e}", a.port))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    println!("orchestrator listening on ws://0.0.0.0:{}", a.port);
-    runtime.block_on(burn_collective::start_global_orchestrator(a.port));
-    Ok(ExitCode::SUCCESS)
+/// `orchestrator` in a binary without one.
+fn no_orchestrator(a: &OrchestratorArgs) -> anyhow::Result<ExitCode> {
+    anyhow::bail!(
+        "this binary cannot run the orchestrator; start it with `flowrl orchestrator --port {}`",
+        a.port
+    )
 }
 
 fn summary(doc: &str) -> &str {
@@ -534,47 +540,26 @@ pub fn describe_kind(k: &dyn NodeKind) -> String {
     if let Some(t) = k.timing_key() {
         let _ = writeln!(s, "\nTiming metric: timing_s/{t}");
     }
-    s.push_str("\nInputs:\n");
     let inputs = k.inputs();
-    if inputs.is_empty() {
-        s.push_str("  (none)\n");
-    }
+    section(&mut s, "Inputs", inputs.is_empty());
     for p in inputs {
         let name = if p.variadic {
             "<any name>".to_string()
         } else {
             p.name.clone()
         };
-        let opt = if p.optional && !p.variadic {
-            ", optional"
-        } else {
-            ""
-        };
-        let repeated = if p.repeated {
-            ", repeated (from the nodes in `repeat`)"
-        } else {
-            ""
-        };
+        let opt = flag(p.optional && !p.variadic, ", optional");
+        let repeated = flag(p.repeated, ", repeated (from the nodes in `repeat`)");
         let _ = writeln!(s, "  {name} : {}{opt}{repeated}{}", p.ty, dash(&p.doc));
     }
-    s.push_str("\nOutputs:\n");
     let outputs = k.outputs();
-    if outputs.is_empty() {
-        s.push_str("  (none)\n");
-    }
+    section(&mut s, "Outputs", outputs.is_empty());
     for p in outputs {
-        let argument = if p.argument {
-            ", argument (handed to the nodes in `repeat`)"
-        } else {
-            ""
-        };
+        let argument = flag(p.argument, ", argument (handed to the nodes in `repeat`)");
         let _ = writeln!(s, "  {} : {}{argument}{}", p.name, p.ty, dash(&p.doc));
     }
-    s.push_str("\nParameters:\n");
     let params = k.params();
-    if params.is_empty() {
-        s.push_str("  (none)\n");
-    }
+    section(&mut s, "Parameters", params.is_empty());
     describe_params(&mut s, &params, "  ");
     s.push_str(if k.data_parallel() {
         "\nPlacement: data-parallel: one replica on each of the run's devices (`device` pins it to one)\n"
@@ -599,6 +584,19 @@ pub fn describe_resource_kind(k: &dyn ResourceKind) -> String {
     );
     describe_params(&mut s, &k.params(), "  ");
     s
+}
+
+/// A heading of the `flowrl nodes KIND` page, with `(none)` under it when nothing follows.
+fn section(s: &mut String, title: &str, empty: bool) {
+    let _ = writeln!(s, "\n{title}:");
+    if empty {
+        s.push_str("  (none)\n");
+    }
+}
+
+/// `text` when `on`, else nothing.
+fn flag(on: bool, text: &str) -> &str {
+    if on { text } else { "" }
 }
 
 fn dash(doc: &str) -> String {

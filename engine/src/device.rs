@@ -141,7 +141,7 @@ impl Machine {
 
     /// Resolves a request; `auto` is `cuda:0` when CUDA is compiled in and a GPU is present, else
     /// `cpu:0`. An unavailable CUDA device is an error that says why, to be completed by the
-    /// caller as "<what> is placed on cuda:N, but <reason>".
+    /// caller as "`<what>` is placed on cuda:N, but `<reason>`".
     pub fn resolve(&self, req: DeviceRequest) -> Result<DeviceSpec, Unavailable> {
         match req {
             DeviceRequest::Auto if self.cuda_compiled && self.gpus > 0 => Ok(DeviceSpec::Cuda(0)),

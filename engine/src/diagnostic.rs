@@ -3,7 +3,8 @@
 //! A [`Diagnostic`] has a severity, a stable [`Code`], a message, an optional primary [`Span`] with a
 //! label, secondary notes with their own spans, and an optional help line. [`render`] prints them the
 //! way rustc does: `file:line:col`, the source line, the span underlined, then `= help: ...`.
-//! This module does not decide what is wrong with a graph; the compiler stages do.
+//! This module does not decide what is wrong with a graph; the compiler stages do (the diagnostics
+//! they emit in several places have named constructors in `compile/diagnostics.rs`).
 
 use std::fmt::Write as _;
 

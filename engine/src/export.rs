@@ -230,6 +230,32 @@ pub fn to_json(graph: &Graph) -> serde_json::Value {
     })
 }
 
+/// One box of the SVG, a `<g>` on one line: a `w`×`h` rect at (`x`, `y`) with the attributes
+/// `rect`, then per `(dy, style, text)` a line of `text` (escaped here) at `dy` below its top,
+/// centred.
+fn svg_box(
+    svg: &mut String,
+    (x, y): (f64, f64),
+    (w, h): (f64, f64),
+    rect: &str,
+    lines: &[(f64, &str, &str)],
+) {
+    let _ = write!(
+        svg,
+        "<g><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w}\" height=\"{h}\" {rect}/>"
+    );
+    for (dy, style, text) in lines {
+        let _ = write!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" {style}>{}</text>",
+            x + w / 2.0,
+            y + dy,
+            esc(text)
+        );
+    }
+    svg.push_str("</g>\n");
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -356,38 +382,35 @@ pub fn to_html(graph: &Graph) -> String {
             }
         }
     }
+    const BOLD: &str = "font-size=\"14\" font-weight=\"bold\" text-anchor=\"middle\"";
+    const PLAIN: &str = "font-size=\"12\" text-anchor=\"middle\"";
     for (i, n) in graph.nodes.iter().enumerate() {
-        let (x, y) = pos[i];
-        let _ = writeln!(
-            svg,
-            "<g><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{W}\" height=\"{H}\" rx=\"8\" fill=\"#eef3fb\" stroke=\"#456\"/>\
-<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"14\" font-weight=\"bold\" text-anchor=\"middle\">{}</text>\
-<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"middle\">{}</text>\
-<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#567\">{}</text></g>",
-            x + W / 2.0,
-            y + 22.0,
-            esc(&n.name),
-            x + W / 2.0,
-            y + 42.0,
-            esc(n.kind.name()),
-            x + W / 2.0,
-            y + 60.0,
-            esc(&placement_label(graph, i))
+        svg_box(
+            &mut svg,
+            pos[i],
+            (W, H),
+            "rx=\"8\" fill=\"#eef3fb\" stroke=\"#456\"",
+            &[
+                (22.0, BOLD, &n.name),
+                (42.0, PLAIN, n.kind.name()),
+                (
+                    60.0,
+                    "font-size=\"11\" text-anchor=\"middle\" fill=\"#567\"",
+                    &placement_label(graph, i),
+                ),
+            ],
         );
     }
     for (k, r) in graph.resources.iter().enumerate() {
-        let (x, y) = res_pos[k];
-        let _ = writeln!(
-            svg,
-            "<g><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{W}\" height=\"{H}\" rx=\"20\" fill=\"#fdf3e1\" stroke=\"#b07a1a\"/>\
-<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"14\" font-weight=\"bold\" text-anchor=\"middle\">{}</text>\
-<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"middle\">{} resource</text></g>",
-            x + W / 2.0,
-            y + 30.0,
-            esc(&r.name),
-            x + W / 2.0,
-            y + 50.0,
-            esc(r.kind.name())
+        svg_box(
+            &mut svg,
+            res_pos[k],
+            (W, H),
+            "rx=\"20\" fill=\"#fdf3e1\" stroke=\"#b07a1a\"",
+            &[
+                (30.0, BOLD, &r.name),
+                (50.0, PLAIN, &format!("{} resource", r.kind.name())),
+            ],
         );
     }
     svg.push_str("</svg>\n");

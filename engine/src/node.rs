@@ -5,25 +5,31 @@
 //! [`Node`] runs once per step: it gets the values on its input ports and returns its outputs.
 //! Kinds are registered with [`crate::register_node_kind!`] or added to a [`crate::Registry`].
 //!
+//! Parameters are declared once, as the serde struct the kind deserializes (`#[derive(Params)]`,
+//! see [`crate::params`]); ports once, as [`crate::Port`] constants (see [`crate::port`]):
+//!
 //! ```
 //! use flowrl_engine::*;
 //!
-//! const NUMBERS: PortType = PortType::new("Numbers");
+//! const NUMBERS: ValueType<Vec<f64>> = ValueType::new("Numbers");
+//! const OUT: Port<Vec<f64>> = Port::new("numbers", NUMBERS);
 //!
 //! /// Emits `count` numbers drawn uniformly from [0, 1) each step.
 //! struct Uniform;
 //!
-//! #[derive(serde::Deserialize)]
-//! struct UniformParams { count: usize }
+//! #[derive(serde::Deserialize, Params)]
+//! struct UniformParams {
+//!     /// numbers per step
+//!     #[param(default = 4, min = 1)]
+//!     count: usize,
+//! }
 //!
 //! impl NodeKind for Uniform {
 //!     fn name(&self) -> &str { "example.uniform" }
 //!     fn doc(&self) -> &str { "Emits `count` uniform numbers per step." }
 //!     fn inputs(&self) -> Vec<PortSpec> { vec![] }
-//!     fn outputs(&self) -> Vec<PortSpec> { vec![PortSpec::new("numbers", NUMBERS)] }
-//!     fn params(&self) -> Vec<ParamSpec> {
-//!         vec![ParamSpec::int("count").default(4).min(1.0).doc("numbers per step")]
-//!     }
+//!     fn outputs(&self) -> Vec<PortSpec> { vec![OUT.spec()] }
+//!     fn params(&self) -> Vec<ParamSpec> { UniformParams::param_specs() }
 //!     fn build(&self, params: &Params, _ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
 //!         let p: UniformParams = params.parse()?;
 //!         Ok(Box::new(UniformNode { count: p.count }))
@@ -37,7 +43,7 @@
 //!         use rand::Rng;
 //!         let v: Vec<f64> = (0..self.count).map(|_| ctx.rng().random::<f64>()).collect();
 //!         ctx.metric("uniform/mean", v.iter().sum::<f64>() / v.len() as f64);
-//!         Ok(Outputs::new().with("numbers", v))
+//!         Ok(Outputs::new().with(OUT, v))
 //!     }
 //! }
 //!
@@ -48,10 +54,35 @@ use crate::context::{BuildContext, StepContext};
 use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::graph::{Graph, NodeId, ResourceId};
 use crate::params::{ParamSpec, Params};
-use crate::port::PortSpec;
+use crate::port::{PortSpec, PortType};
 use crate::spec::STable;
 use crate::value::{Inputs, Outputs};
+use serde::de::DeserializeOwned;
+use std::fmt;
 use std::sync::Arc;
+
+/// Something a node kind says it does, for other kinds' `validate` hooks to find it upstream
+/// without knowing kind names ([`NodeView::find_upstream_with`]). The crate that defines what the
+/// capability promises (which parameters such a kind has, say) defines the constant:
+/// `pub const SAMPLES_PROMPTS: Capability = Capability::new("samples_prompts")`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Capability(&'static str);
+
+impl Capability {
+    pub const fn new(name: &'static str) -> Self {
+        Capability(name)
+    }
+
+    pub const fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
 
 /// A kind of node (`kind = "..."` in a graph).
 pub trait NodeKind: Send + Sync {
@@ -72,6 +103,10 @@ pub trait NodeKind: Send + Sync {
     /// kinds run once per process, on the run's first device or their own `device`.
     fn data_parallel(&self) -> bool {
         false
+    }
+    /// What the kind declares it does, for [`NodeView::find_upstream_with`] (default: nothing).
+    fn capabilities(&self) -> Vec<Capability> {
+        Vec::new()
     }
     /// Constraints on the node's parameters and neighbours, reported with the numbers in the
     /// message (e.g. batch × n divisible by the micro-batch size). Runs after the schema, wiring and
@@ -166,6 +201,29 @@ impl<'a> ValidateCtx<'a> {
         }
     }
 
+    /// The parameters as the kind's own struct, as `build` gets them. `validate` runs after the
+    /// schema checks passed, so this fails only when the struct and the schema disagree (a bug of
+    /// the kind), with an error at the table header, as the hook's return value:
+    /// `let p = match ctx.parse::<EmaParams>() { Ok(p) => p, Err(d) => return d };`.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, Vec<Diagnostic>> {
+        self.params().parse().map_err(|e| {
+            let spans = match self.subject {
+                Subject::Node(i) => &self.graph.nodes[i].spans,
+                Subject::Resource(i) => &self.graph.resources[i].spans,
+            };
+            vec![
+                Diagnostic::error(
+                    Code::InvalidValue,
+                    format!(
+                        "`{}`: {e} (the kind's parameter struct does not match its schema)",
+                        self.name()
+                    ),
+                )
+                .at(spans.header),
+            ]
+        })
+    }
+
     /// The node wired to input `port` (`None` if the port is not wired).
     pub fn input(&self, port: &str) -> Option<NodeView<'a>> {
         match self.subject {
@@ -241,6 +299,22 @@ impl<'a> ValidateCtx<'a> {
     }
 }
 
+/// The accessors [`NodeView`] and [`ResourceView`] share: the name, kind and parameters of
+/// entry `self.id` of the graph's `$list`.
+macro_rules! view_accessors {
+    ($list:ident) => {
+        pub fn name(&self) -> &'a str {
+            &self.graph.$list[self.id].name
+        }
+        pub fn kind(&self) -> &'a str {
+            self.graph.$list[self.id].kind.name()
+        }
+        pub fn params(&self) -> &'a Params {
+            &self.graph.$list[self.id].params
+        }
+    };
+}
+
 /// A read-only view of a node of the graph being validated.
 #[derive(Clone, Copy)]
 pub struct NodeView<'a> {
@@ -249,15 +323,7 @@ pub struct NodeView<'a> {
 }
 
 impl<'a> NodeView<'a> {
-    pub fn name(&self) -> &'a str {
-        &self.graph.nodes[self.id].name
-    }
-    pub fn kind(&self) -> &'a str {
-        self.graph.nodes[self.id].kind.name()
-    }
-    pub fn params(&self) -> &'a Params {
-        &self.graph.nodes[self.id].params
-    }
+    view_accessors!(nodes);
     /// The nodes this node repeats (its `repeat` list, see [`crate::Repeat`]), in the graph's
     /// order.
     pub fn repeats(&self) -> Vec<NodeView<'a>> {
@@ -290,20 +356,48 @@ impl<'a> NodeView<'a> {
             id: e.from,
         })
     }
+    /// What this node's kind declares it does ([`NodeKind::capabilities`]).
+    pub fn capabilities(&self) -> Vec<Capability> {
+        self.graph.nodes[self.id].kind.capabilities()
+    }
+    pub fn has_capability(&self, capability: Capability) -> bool {
+        self.capabilities().contains(&capability)
+    }
+    /// Whether one of this node's output ports has type `ty`.
+    pub fn produces(&self, ty: impl Into<PortType>) -> bool {
+        self.output_types().contains(&ty.into())
+    }
     /// The first node upstream (breadth-first, this node included) whose kind satisfies `pred`,
     /// e.g. the data node feeding a rollout: `view.find_upstream(|k| k.starts_with("dataset"))`.
+    /// Prefer [`NodeView::find_upstream_producing`] and [`NodeView::find_upstream_with`], which
+    /// do not depend on kind names.
     pub fn find_upstream(&self, pred: impl Fn(&str) -> bool) -> Option<NodeView<'a>> {
+        self.find_upstream_node(|n| pred(n.kind()))
+    }
+    /// The first node upstream (breadth-first, this node included) with an output of type `ty`,
+    /// e.g. the data node feeding a rollout: `view.find_upstream_producing(PROMPTS)`.
+    pub fn find_upstream_producing(&self, ty: impl Into<PortType>) -> Option<NodeView<'a>> {
+        let ty = ty.into();
+        self.find_upstream_node(|n| n.output_types().contains(&ty))
+    }
+    /// The first node upstream (breadth-first, this node included) whose kind declares
+    /// `capability` ([`NodeKind::capabilities`]).
+    pub fn find_upstream_with(&self, capability: Capability) -> Option<NodeView<'a>> {
+        self.find_upstream_node(|n| n.has_capability(capability))
+    }
+    fn find_upstream_node(&self, pred: impl Fn(&NodeView<'a>) -> bool) -> Option<NodeView<'a>> {
         let mut queue = std::collections::VecDeque::from([self.id]);
         let mut seen = vec![false; self.graph.nodes.len()];
         while let Some(i) = queue.pop_front() {
             if std::mem::replace(&mut seen[i], true) {
                 continue;
             }
-            if pred(self.graph.nodes[i].kind.name()) {
-                return Some(NodeView {
-                    graph: self.graph,
-                    id: i,
-                });
+            let view = NodeView {
+                graph: self.graph,
+                id: i,
+            };
+            if pred(&view) {
+                return Some(view);
             }
             queue.extend(self.graph.nodes[i].inputs.iter().map(|e| e.from));
         }
@@ -332,15 +426,7 @@ pub struct ResourceView<'a> {
 }
 
 impl<'a> ResourceView<'a> {
-    pub fn name(&self) -> &'a str {
-        &self.graph.resources[self.id].name
-    }
-    pub fn kind(&self) -> &'a str {
-        self.graph.resources[self.id].kind.name()
-    }
-    pub fn params(&self) -> &'a Params {
-        &self.graph.resources[self.id].params
-    }
+    view_accessors!(resources);
     /// Follows a resource-reference parameter (e.g. `from`) to the resource it names.
     pub fn follow(&self, key: &str) -> Option<ResourceView<'a>> {
         let name = self.params().get_str(key)?;

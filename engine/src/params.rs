@@ -5,10 +5,49 @@
 //! types, ranges, enum variants, resource references) and fills in defaults; the kind then gets a
 //! [`Params`] and deserializes it with serde into its own typed struct ([`Params::parse`]).
 //! `flowrl nodes` prints the same schema as documentation.
+//!
+//! The struct is the schema: `#[derive(Deserialize, Params)]` (crate `flowrl-derive`, re-exported
+//! as `flowrl_engine::Params`) implements [`ParamSchema`] for it, one spec per field, typed by
+//! [`ParamField`]; a `#[derive(ParamChoice)]` enum is an enum parameter ([`ParamChoice`]):
+//!
+//! ```
+//! use flowrl_engine::{ParamChoice, ParamSchema, ParamSpec, Params};
+//!
+//! #[derive(Clone, Copy, Debug, PartialEq, ParamChoice)]
+//! enum Mode { Uniform, Normal }
+//!
+//! #[derive(serde::Deserialize, Params)]
+//! struct SourceParams {
+//!     /// numbers per step
+//!     #[param(default = 3, min = 1)]
+//!     count: usize,
+//!     #[param(default = Mode::Uniform)]
+//!     mode: Mode,
+//! }
+//!
+//! assert_eq!(
+//!     SourceParams::param_specs(),
+//!     vec![
+//!         ParamSpec::int("count").default(3).min(1).doc("numbers per step"),
+//!         ParamSpec::one_of("mode", &["uniform", "normal"]).default("uniform"),
+//!     ]
+//! );
+//! ```
+//!
+//! A field that would be absent when not written, and so would not deserialize, does not compile:
+//! it needs a `default`, `required`, or an `Option` type.
+//!
+//! ```compile_fail
+//! #[derive(serde::Deserialize, flowrl_engine::Params)]
+//! struct P {
+//!     count: usize,
+//! }
+//! ```
 
 use serde::de::DeserializeOwned;
 use serde_json::Value as Json;
 use std::fmt;
+use std::path::PathBuf;
 
 /// The type of one parameter.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +96,14 @@ impl fmt::Display for ParamType {
 pub struct Bound {
     pub value: f64,
     pub inclusive: bool,
+}
+
+/// The bound `v`, inclusive or not (for [`ParamSpec::min`] and the like).
+fn bound(v: impl Into<f64>, inclusive: bool) -> Option<Bound> {
+    Some(Bound {
+        value: v.into(),
+        inclusive,
+    })
 }
 
 /// The declaration of one parameter.
@@ -141,34 +188,22 @@ impl ParamSpec {
     /// Inclusive lower bound. Bounds are numbers of any kind that converts to `f64`, for int
     /// and float parameters alike: `.min(1)`, `.min(0.5)`.
     pub fn min(mut self, v: impl Into<f64>) -> Self {
-        self.min = Some(Bound {
-            value: v.into(),
-            inclusive: true,
-        });
+        self.min = bound(v, true);
         self
     }
     /// Inclusive upper bound.
     pub fn max(mut self, v: impl Into<f64>) -> Self {
-        self.max = Some(Bound {
-            value: v.into(),
-            inclusive: true,
-        });
+        self.max = bound(v, true);
         self
     }
     /// Exclusive lower bound (`gt(0)`: strictly positive).
     pub fn gt(mut self, v: impl Into<f64>) -> Self {
-        self.min = Some(Bound {
-            value: v.into(),
-            inclusive: false,
-        });
+        self.min = bound(v, false);
         self
     }
     /// Exclusive upper bound.
     pub fn lt(mut self, v: impl Into<f64>) -> Self {
-        self.max = Some(Bound {
-            value: v.into(),
-            inclusive: false,
-        });
+        self.max = bound(v, false);
         self
     }
     pub fn doc(mut self, doc: impl Into<String>) -> Self {
@@ -274,6 +309,164 @@ impl Params {
 
     pub fn as_map(&self) -> &serde_json::Map<String, Json> {
         &self.map
+    }
+}
+
+/// A parameter struct that is its own schema: `#[derive(Params)]` implements it (or write it by
+/// hand). A kind's `params()` is then `MyParams::param_specs()`.
+pub trait ParamSchema {
+    /// One spec per key, in the struct's field order (the order `flowrl nodes` shows and the
+    /// "known keys" help lists).
+    fn param_specs() -> Vec<ParamSpec>;
+}
+
+/// The [`ParamType`] of a field's Rust type, for `#[derive(Params)]`: integers → `Int`, `f32`/`f64`
+/// → `Float`, `bool`, `String`, `PathBuf` → `Path`, `Vec<T>` → `Array`, `serde_json::Value` →
+/// `Any`, `Option<T>` → `T`'s type (the key may be absent), a `#[derive(Params)]` struct → `Table`,
+/// a `#[derive(ParamChoice)]` enum → `Enum`.
+pub trait ParamField {
+    fn param_type() -> ParamType;
+    /// A `#[param(default = ..)]` value as the compiler stores a written one: an integer default of
+    /// a float parameter is a float (`default = 1` on an `f64` is `1.0`).
+    fn default_value(value: Json) -> Json {
+        value
+    }
+    /// `Option<T>`: absent is `None`.
+    const OPTIONAL: bool = false;
+    /// Whether an absent key fails to deserialize unless it gets a default or is required: every
+    /// type but an `Option` and a table whose fields have defaults (the compiler fills those in).
+    const NEEDS_VALUE: bool = true;
+}
+
+macro_rules! param_field {
+    ($ty:expr => $($t:ty),*) => {
+        $(impl ParamField for $t {
+            fn param_type() -> ParamType {
+                $ty
+            }
+        })*
+    };
+}
+param_field!(ParamType::Int => i8, i16, i32, i64, isize, u8, u16, u32, u64, usize);
+
+impl ParamField for f64 {
+    fn param_type() -> ParamType {
+        ParamType::Float
+    }
+    fn default_value(value: Json) -> Json {
+        match value.as_number() {
+            Some(n) if !n.is_f64() => n.as_f64().map_or(value, Json::from),
+            _ => value,
+        }
+    }
+}
+
+impl ParamField for f32 {
+    fn param_type() -> ParamType {
+        ParamType::Float
+    }
+    fn default_value(value: Json) -> Json {
+        f64::default_value(value)
+    }
+}
+param_field!(ParamType::Bool => bool);
+param_field!(ParamType::String => String);
+param_field!(ParamType::Path => PathBuf);
+param_field!(ParamType::Any => Json);
+
+impl<T: ParamField> ParamField for Option<T> {
+    fn param_type() -> ParamType {
+        T::param_type()
+    }
+    fn default_value(value: Json) -> Json {
+        T::default_value(value)
+    }
+    const OPTIONAL: bool = true;
+    const NEEDS_VALUE: bool = false;
+}
+
+impl<T: ParamField> ParamField for Vec<T> {
+    fn param_type() -> ParamType {
+        ParamType::Array(Box::new(T::param_type()))
+    }
+    fn default_value(value: Json) -> Json {
+        match value {
+            Json::Array(items) => Json::Array(items.into_iter().map(T::default_value).collect()),
+            other => other,
+        }
+    }
+}
+
+/// A plain enum whose variants are the string values of a parameter (`loss_agg_mode =
+/// "token-mean"`): `#[derive(ParamChoice)]` implements it with `Display`, `FromStr`, serde both
+/// ways and [`ParamField`].
+pub trait ParamChoice: Sized + 'static {
+    /// Every variant with its name, in declaration order.
+    const ALL: &'static [(Self, &'static str)];
+    /// The names alone, in the same order.
+    const NAMES: &'static [&'static str];
+    /// The name of this variant, as written in a graph.
+    fn name(&self) -> &'static str;
+    /// The names as the [`ParamType::Enum`] of a parameter.
+    fn choices() -> Vec<String> {
+        Self::NAMES.iter().map(|s| s.to_string()).collect()
+    }
+}
+
+/// A string that names no variant of a [`ParamChoice`] enum (its `FromStr` error).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChoiceError {
+    pub value: String,
+    pub choices: &'static [&'static str],
+}
+
+impl ChoiceError {
+    pub fn new<E: ParamChoice>(value: &str) -> Self {
+        ChoiceError {
+            value: value.to_string(),
+            choices: E::NAMES,
+        }
+    }
+}
+
+impl fmt::Display for ChoiceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let q: Vec<String> = self.choices.iter().map(|s| format!("\"{s}\"")).collect();
+        write!(f, "\"{}\" is not one of {}", self.value, q.join(" | "))
+    }
+}
+
+impl std::error::Error for ChoiceError {}
+
+/// For `#[serde(deserialize_with = "flowrl_engine::params::by_name")]`: a field whose type names
+/// its values with `FromStr` but is not a [`ParamChoice`] (an enum of a crate that does not depend
+/// on the engine, such as `flowrl_algorithms::LossAggMode`), read from its name. Its parameter
+/// then declares the names with `#[param(one_of = ...)]`.
+pub fn by_name<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    let s = <String as serde::Deserialize>::deserialize(d)?;
+    s.parse().map_err(serde::de::Error::custom)
+}
+
+/// What the code generated by `flowrl-derive` refers to (not an API).
+#[doc(hidden)]
+pub mod __derive {
+    pub use serde;
+    pub use serde_json;
+
+    /// A [`super::ParamChoice`] enum from its name.
+    pub fn deserialize_choice<'de, D, E>(d: D) -> Result<E, D::Error>
+    where
+        D: serde::Deserializer<'de>,
+        E: super::ParamChoice + std::str::FromStr,
+    {
+        let s = <String as serde::Deserialize>::deserialize(d)?;
+        s.parse()
+            .map_err(|_| serde::de::Error::unknown_variant(&s, E::NAMES))
     }
 }
 

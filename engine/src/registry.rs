@@ -1,7 +1,7 @@
 //! The registry of node kinds and resource kinds.
 //!
-//! Kinds register themselves at link time with [`register_node_kind!`] /
-//! [`register_resource_kind!`] (through `inventory`); [`Registry::builtin`] collects them from the
+//! Kinds register themselves at link time with [`register_node_kind!`](crate::register_node_kind) /
+//! [`register_resource_kind!`](crate::register_resource_kind) (through `inventory`); [`Registry::builtin`] collects them from the
 //! crates linked into the binary. A crate is linked only when the binary uses something of it, so
 //! a binary that wants flowrl's built-in kinds asks for them explicitly:
 //! `flowrl_nodes::register_builtin(&mut registry)` (or `flowrl_nodes::builtin_registry()`), then
@@ -13,12 +13,12 @@ use crate::resource::ResourceKind;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A node kind submitted with [`register_node_kind!`].
+/// A node kind submitted with [`register_node_kind!`](crate::register_node_kind).
 pub struct NodeKindRegistration {
     pub make: fn() -> Arc<dyn NodeKind>,
 }
 
-/// A resource kind submitted with [`register_resource_kind!`].
+/// A resource kind submitted with [`register_resource_kind!`](crate::register_resource_kind).
 pub struct ResourceKindRegistration {
     pub make: fn() -> Arc<dyn ResourceKind>,
 }

@@ -13,10 +13,10 @@
 //! ```
 //!
 //! The rules, checked by the compiler:
-//! - only a kind with at least one [`PortSpec::repeated`] input takes `repeat`; each such input,
+//! - only a kind with at least one [`PortSpec::repeated`](crate::PortSpec::repeated) input takes `repeat`; each such input,
 //!   when wired, comes from a node in the list, and every listed node feeds the loop node;
 //! - a repeated node takes its inputs from other repeated nodes of the same loop, from the loop
-//!   node's [`PortSpec::argument`] outputs (what the loop node hands to each run), or from nodes
+//!   node's [`PortSpec::argument`](crate::PortSpec::argument) outputs (what the loop node hands to each run), or from nodes
 //!   outside, which run before the loop node;
 //! - outside nodes may read a repeated node's outputs (e.g. the dataset's `val_prompts`); they see
 //!   the last run's values, after the loop node has finished, and are skipped when it made no run.

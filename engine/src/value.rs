@@ -4,8 +4,12 @@
 //! [`PortType`] of the port that produced it. Values built with [`Outputs::with`] also carry a JSON
 //! view (from `serde::Serialize`) so generic nodes (JSONL sink, debug print) can record them;
 //! [`Outputs::with_opaque`] is for data that cannot be serialized.
+//!
+//! A port is named by a [`crate::Port<T>`] constant (the value is a `T`, checked when the node
+//! compiles: `inputs.get_arc(ROLLOUTS)?`, `Outputs::new().with(MEAN, m)`) or by its name as a
+//! string (the caller gives the type, checked at run time: `inputs.get::<f64>("x")?`).
 
-use crate::port::PortType;
+use crate::port::{PortName, PortType};
 use anyhow::{Context as _, anyhow};
 use serde::Serialize;
 use serde_json::Value as Json;
@@ -107,12 +111,17 @@ impl Inputs {
         self.values.insert(port.into(), value);
     }
 
-    /// The value on `port` as `&T`; an error names the node, the port and both types.
-    pub fn get<T: Any>(&self, port: &str) -> anyhow::Result<&T> {
-        let v = self
-            .values
+    /// The value on `port`; an error names the node and the port.
+    fn wired(&self, port: &str) -> anyhow::Result<&Value> {
+        self.values
             .get(port)
-            .with_context(|| format!("node `{}` has no value on input `{port}`", self.node))?;
+            .with_context(|| format!("node `{}` has no value on input `{port}`", self.node))
+    }
+
+    /// The value on `port` as `&T`; an error names the node, the port and both types.
+    pub fn get<T: Any>(&self, port: impl PortName<T>) -> anyhow::Result<&T> {
+        let port = port.port_name();
+        let v = self.wired(port)?;
         v.downcast_ref::<T>().ok_or_else(|| {
             anyhow!(
                 "input `{port}` of node `{}` holds `{}` (port type {}), not `{}`",
@@ -125,20 +134,19 @@ impl Inputs {
     }
 
     /// Like [`Inputs::get`] for an optional port: `Ok(None)` when the port is not wired.
-    pub fn get_opt<T: Any>(&self, port: &str) -> anyhow::Result<Option<&T>> {
+    pub fn get_opt<T: Any>(&self, port: impl PortName<T>) -> anyhow::Result<Option<&T>> {
+        let port = port.port_name();
         if self.values.contains_key(port) {
-            self.get(port).map(Some)
+            self.get::<T>(port).map(Some)
         } else {
             Ok(None)
         }
     }
 
     /// The value on `port` as a shared `Arc<T>` (no copy).
-    pub fn get_arc<T: Any + Send + Sync>(&self, port: &str) -> anyhow::Result<Arc<T>> {
-        let v = self
-            .values
-            .get(port)
-            .with_context(|| format!("node `{}` has no value on input `{port}`", self.node))?;
+    pub fn get_arc<T: Any + Send + Sync>(&self, port: impl PortName<T>) -> anyhow::Result<Arc<T>> {
+        let port = port.port_name();
+        let v = self.wired(port)?;
         v.downcast_arc::<T>().ok_or_else(|| {
             anyhow!(
                 "input `{port}` of node `{}` holds `{}`, not `{}`",
@@ -178,16 +186,18 @@ impl Outputs {
     /// Adds the value of an output port. `T: Serialize` lets sinks record it.
     pub fn with<T: Any + Send + Sync + Serialize>(
         mut self,
-        port: impl Into<String>,
+        port: impl PortName<T>,
         value: T,
     ) -> Self {
-        self.values.insert(port.into(), Payload::new(value));
+        self.values
+            .insert(port.port_name().to_string(), Payload::new(value));
         self
     }
 
     /// Adds a value that cannot be serialized.
-    pub fn with_opaque<T: Any + Send + Sync>(mut self, port: impl Into<String>, value: T) -> Self {
-        self.values.insert(port.into(), Payload::opaque(value));
+    pub fn with_opaque<T: Any + Send + Sync>(mut self, port: impl PortName<T>, value: T) -> Self {
+        self.values
+            .insert(port.port_name().to_string(), Payload::opaque(value));
         self
     }
 
@@ -198,9 +208,9 @@ impl Outputs {
     }
 
     /// The value of output `port` as a `T` (tools and tests that run nodes by hand).
-    pub fn get_arc<T: Any + Send + Sync>(&self, port: &str) -> Option<Arc<T>> {
+    pub fn get_arc<T: Any + Send + Sync>(&self, port: impl PortName<T>) -> Option<Arc<T>> {
         self.values
-            .get(port)
+            .get(port.port_name())
             .and_then(|p| p.data.clone().downcast::<T>().ok())
     }
 

@@ -6,11 +6,11 @@
 
 mod testkit;
 
-use flowrl_engine::progress::ProgressMode;
-use flowrl_engine::run::{RunOptions, RunSummary, run};
-use flowrl_engine::rundir::{Integrity, Manifest, check_checkpoint, read_metrics};
-use flowrl_engine::{Graph, Override, compile};
+use flowrl_engine::Graph;
+use flowrl_engine::run::{RunSummary, run};
+use flowrl_engine::rundir::{Integrity, Manifest, check_checkpoint};
 use std::path::{Path, PathBuf};
+use testkit::{copy_dir, metrics, run_options as opts};
 
 const GRAPH: &str = r#"
 [run]
@@ -37,50 +37,10 @@ inputs = { n = "src.n" }
 "#;
 
 fn graph(text: &str, sets: &[&str]) -> Graph {
-    let o: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    match compile(&testkit::registry(), "g.toml", text, &Override::sets(&o)) {
-        Ok((g, _)) => g,
-        Err(f) => panic!("{}", f.render()),
-    }
-}
-
-fn opts(out: &Path, resume: bool) -> RunOptions {
-    RunOptions {
-        graph_file: None,
-        out: Some(out.to_path_buf()),
-        resume,
-        force: false,
-        progress: ProgressMode::Quiet,
-        cluster: None,
-    }
+    testkit::graph(&testkit::registry(), text, sets)
 }
 
 type Rows = Vec<Vec<(String, f64)>>;
-
-fn metrics(dir: &Path) -> Rows {
-    read_metrics(&dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .map(|r| {
-            r.into_iter()
-                .filter(|(k, _)| !k.starts_with("timing_s/"))
-                .collect()
-        })
-        .collect()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
 
 /// A run of 4 of the 6 steps (checkpoints 2, 3, 4 kept) and the uninterrupted run's metrics.
 struct Fixture {

@@ -5,48 +5,10 @@ mod testkit;
 use flowrl_engine::{Code, Override, compile};
 
 fn errors(text: &str, overrides: &[&str]) -> (Vec<(Code, String)>, String) {
-    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let f = match compile(&testkit::registry(), "g.toml", text, &Override::sets(&o)) {
-        Ok(_) => panic!("expected errors"),
-        Err(f) => f,
-    };
-    (
-        f.diagnostics
-            .iter()
-            .map(|d| (d.code, d.message.clone()))
-            .collect(),
-        f.render(),
-    )
+    testkit::errors(&testkit::registry(), text, overrides)
 }
 
-const GOOD: &str = r#"
-[run]
-steps = 4
-seed = 1
-
-[models.policy]
-init = 1.0
-[models.reference]
-from = "policy"
-
-[nodes.src]
-kind = "test.source"
-count = 4
-
-[nodes.add]
-kind = "test.add"
-inputs = { a = "src.n" }
-
-[nodes.score]
-kind = "test.score"
-inputs = { n = "add.sum" }
-micro = 2
-
-[nodes.train]
-kind = "test.train"
-model = "policy"
-inputs = { n = "src.n" }
-"#;
+const GOOD: &str = testkit::good_graph!();
 
 #[test]
 fn good_graph_compiles_with_defaults_and_order() {

@@ -20,22 +20,17 @@ mod testkit;
 
 use flowrl_engine::rundir::{Integrity, Manifest, check_checkpoint, read_small};
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Graph, Inputs, Node, NodeKind, Outputs, Override, ParamSpec, Params,
-    PortSpec, RunState, Session, StepContext, compile,
+    BuildContext, DeviceSpec, Graph, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
+    RunState, Session, StepContext,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
+use proptest::test_runner::Config;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use testkit::copy_dir;
 
 fn config(cases: u32) -> Config {
-    Config {
-        cases,
-        rng_seed: RngSeed::Fixed(0x5eed_0c4e),
-        failure_persistence: None,
-        max_shrink_iters: 256,
-        ..Config::default()
-    }
+    testkit::proptest_config(cases, 0x5eed_0c4e)
 }
 
 /// A node whose state is a typed struct, read as a node kind should: a wrong shape is an error.
@@ -104,11 +99,7 @@ inputs = { n = "count.n" }
 "#;
 
 fn graph() -> Graph {
-    let reg = testkit::registry().with_kind(Counter);
-    match compile(&reg, "g.toml", GRAPH, &[] as &[Override]) {
-        Ok((g, _)) => g,
-        Err(f) => panic!("{}", f.render()),
-    }
+    testkit::graph(&testkit::registry().with_kind(Counter), GRAPH, &[])
 }
 
 /// A complete checkpoint after 2 steps, written once per test binary.
@@ -124,19 +115,6 @@ fn good_checkpoint() -> &'static Path {
         (tmp, dir)
     })
     .1
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
 }
 
 /// The files of the good checkpoint, relative (the manifest last).

@@ -18,37 +18,9 @@ mod testkit;
 
 use flowrl_engine::{Override, compile};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
+use proptest::test_runner::Config;
 
-const GOOD: &str = r#"
-[run]
-steps = 4
-seed = 1
-
-[models.policy]
-init = 1.0
-[models.reference]
-from = "policy"
-
-[nodes.src]
-kind = "test.source"
-count = 4
-opts = { coef = 0.25 }
-
-[nodes.add]
-kind = "test.add"
-inputs = { a = "src.n" }
-
-[nodes.score]
-kind = "test.score"
-inputs = { n = "add.sum" }
-micro = 2
-
-[nodes.train]
-kind = "test.train"
-model = "policy"
-inputs = { n = "src.n" }
-"#;
+const GOOD: &str = testkit::good_graph!("opts = { coef = 0.25 }");
 
 const SHIPPED: &[&str] = &[
     include_str!("../../graphs/grpo_vlm.toml"),
@@ -57,13 +29,7 @@ const SHIPPED: &[&str] = &[
 ];
 
 fn config(cases: u32) -> Config {
-    Config {
-        cases,
-        rng_seed: RngSeed::Fixed(0x5eed_0020),
-        failure_persistence: None,
-        max_shrink_iters: 256,
-        ..Config::default()
-    }
+    testkit::proptest_config(cases, 0x5eed_0020)
 }
 
 /// The property: Ok, or every diagnostic has a message and the report renders.

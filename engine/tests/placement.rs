@@ -49,30 +49,19 @@ fn with_run(run: &str) -> String {
 
 fn ok(text: &str, sets: &[&str], t: Target) -> Graph {
     let o: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    match compile_for(
+    testkit::compiled(compile_for(
         &testkit::registry(),
         "g.toml",
         text,
         &Override::sets(&o),
         &t,
-    ) {
-        Ok((g, _)) => g,
-        Err(f) => panic!("{}", f.render()),
-    }
+    ))
 }
 
 /// (code, message) of every diagnostic, and the rendered text.
 fn errors(text: &str, overrides: &[Override], t: Target) -> (Vec<(Code, String)>, String) {
-    match compile_for(&testkit::registry(), "g.toml", text, overrides, &t) {
-        Ok(_) => panic!("expected errors for\n{text}"),
-        Err(f) => (
-            f.diagnostics
-                .iter()
-                .map(|d| (d.code, d.message.clone()))
-                .collect(),
-            f.render(),
-        ),
-    }
+    let result = compile_for(&testkit::registry(), "g.toml", text, overrides, &t);
+    testkit::failed(result, text)
 }
 
 fn devices(g: &Graph, node: &str) -> Vec<DeviceSpec> {

@@ -163,17 +163,11 @@ fn registry() -> Registry {
 }
 
 fn compile_ok(text: &str) -> Graph {
-    match compile(&registry(), "g.toml", text, &[]) {
-        Ok((g, _)) => g,
-        Err(f) => panic!("{}", f.render()),
-    }
+    testkit::graph(&registry(), text, &[])
 }
 
 fn compile_err(text: &str) -> String {
-    match compile(&registry(), "g.toml", text, &[]) {
-        Ok(_) => panic!("compiled:\n{text}"),
-        Err(f) => f.render(),
-    }
+    testkit::errors(&registry(), text, &[]).1
 }
 
 /// counter → add (doubling) → until, which repeats both; `after` reads the counter's side output

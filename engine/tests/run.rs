@@ -3,19 +3,11 @@
 mod testkit;
 
 use flowrl_engine::export::{Format, export};
-use flowrl_engine::progress::ProgressMode;
-use flowrl_engine::run::{RunOptions, run};
+use flowrl_engine::run::run;
 use flowrl_engine::rundir::read_metrics;
-use flowrl_engine::{DeviceSpec, Graph, Override, Registry, Session, compile};
+use flowrl_engine::{DeviceSpec, Session};
 use std::sync::{Arc, Barrier};
-
-fn graph(reg: &Registry, text: &str, sets: &[&str]) -> Graph {
-    let o: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    match compile(reg, "g.toml", text, &Override::sets(&o)) {
-        Ok((g, _)) => g,
-        Err(f) => panic!("{}", f.render()),
-    }
-}
+use testkit::{graph, metrics, run_options as opts};
 
 const TRAIN: &str = r#"
 [run]
@@ -111,33 +103,15 @@ fn skipped_producer_skips_required_consumers_but_not_optional_ones() {
     assert!(!r1.metrics.contains_key("timing_s/req"));
 }
 
-fn strip_timing(rows: Vec<std::collections::BTreeMap<String, f64>>) -> Vec<Vec<(String, f64)>> {
-    rows.into_iter()
-        .map(|r| {
-            r.into_iter()
-                .filter(|(k, _)| !k.starts_with("timing_s/"))
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 fn resume_reproduces_the_uninterrupted_run_exactly() {
     let reg = testkit::registry();
     let tmp = tempfile::tempdir().unwrap();
-    let opts = |out: &std::path::Path, resume: bool| RunOptions {
-        graph_file: None,
-        out: Some(out.to_path_buf()),
-        resume,
-        force: false,
-        progress: ProgressMode::Quiet,
-        cluster: None,
-    };
     let full = tmp.path().join("full");
     let s = run(graph(&reg, TRAIN, &[]), &opts(&full, false)).unwrap();
     assert_eq!((s.first_step, s.steps), (0, 10));
     assert!(full.join("plots.svg").exists());
-    let want = strip_timing(read_metrics(&full.join("metrics.jsonl")).unwrap());
+    let want = metrics(&full);
     assert_eq!(want.len(), 10);
 
     // Interrupted: 7 steps (checkpoints at 3, 6, 7; two kept), then metrics of a "killed" 8th step
@@ -164,7 +138,7 @@ fn resume_reproduces_the_uninterrupted_run_exactly() {
     let text = std::fs::read_to_string(part.join("graph.toml")).unwrap();
     let s = run(graph(&reg, &text, &["run.steps=10"]), &opts(&part, true)).unwrap();
     assert_eq!(s.first_step, 6);
-    let got = strip_timing(read_metrics(&part.join("metrics.jsonl")).unwrap());
+    let got = metrics(&part);
     assert_eq!(got, want);
     let w: f64 =
         std::fs::read_to_string(part.join("checkpoints/step_000010/resources/policy/w.txt"))
@@ -181,14 +155,7 @@ fn resume_reproduces_the_uninterrupted_run_exactly() {
 fn run_dir_holding_a_run_is_refused_unless_forced() {
     let reg = testkit::registry();
     let tmp = tempfile::tempdir().unwrap();
-    let mut o = RunOptions {
-        graph_file: None,
-        out: Some(tmp.path().join("r")),
-        resume: false,
-        force: false,
-        progress: ProgressMode::Quiet,
-        cluster: None,
-    };
+    let mut o = opts(&tmp.path().join("r"), false);
     run(graph(&reg, TRAIN, &["run.steps=1"]), &o).unwrap();
     let e = run(graph(&reg, TRAIN, &["run.steps=1"]), &o)
         .unwrap_err()
@@ -271,14 +238,7 @@ fn exports_show_kinds_types_resources_devices() {
 fn a_failed_build_leaves_no_run_behind() {
     let reg = testkit::registry().with_kind(testkit::Unbuildable);
     let tmp = tempfile::tempdir().unwrap();
-    let o = RunOptions {
-        graph_file: None,
-        out: Some(tmp.path().join("r")),
-        resume: false,
-        force: false,
-        progress: ProgressMode::Quiet,
-        cluster: None,
-    };
+    let o = opts(&tmp.path().join("r"), false);
     let g = || graph(&reg, "[nodes.x]\nkind = \"test.unbuildable\"\n", &[]);
     let e = format!("{:#}", run(g(), &o).unwrap_err());
     assert_eq!(

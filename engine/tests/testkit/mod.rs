@@ -1,6 +1,9 @@
 //! Test-only node and resource kinds (never registered in a shipped binary).
 #![allow(dead_code)]
 
+use flowrl_engine::progress::ProgressMode;
+use flowrl_engine::run::RunOptions;
+use flowrl_engine::rundir::read_metrics;
 use flowrl_engine::*;
 use rand::Rng;
 use serde::Deserialize;
@@ -8,15 +11,172 @@ use std::any::Any;
 use std::path::Path;
 use std::sync::{Arc, Barrier, Mutex};
 
-pub const NUMBERS: PortType = PortType::new("Numbers");
-pub const SCORES: PortType = PortType::new("Scores");
+/// The graph most tests start from: two models, a source (plus `$src_line`, if given), an add, a
+/// score and a train node; it compiles with [`registry`].
+#[allow(unused_macros)]
+macro_rules! good_graph {
+    ($($src_line:literal)?) => {
+        concat!(
+            r#"
+[run]
+steps = 4
+seed = 1
+
+[models.policy]
+init = 1.0
+[models.reference]
+from = "policy"
+
+[nodes.src]
+kind = "test.source"
+count = 4
+"#,
+            $($src_line, "\n",)?
+            r#"
+[nodes.add]
+kind = "test.add"
+inputs = { a = "src.n" }
+
+[nodes.score]
+kind = "test.score"
+inputs = { n = "add.sum" }
+micro = 2
+
+[nodes.train]
+kind = "test.train"
+model = "policy"
+inputs = { n = "src.n" }
+"#
+        )
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use good_graph;
+
+/// `text` compiled as `g.toml` with `registry` and the `--set` arguments `sets`.
+pub fn compile_sets(
+    registry: &Registry,
+    text: &str,
+    sets: &[&str],
+) -> Result<(Graph, Vec<Diagnostic>), Failure> {
+    let o: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    compile(registry, "g.toml", text, &Override::sets(&o))
+}
+
+/// The graph of a compilation that must succeed; panics with the report otherwise.
+pub fn compiled(result: Result<(Graph, Vec<Diagnostic>), Failure>) -> Graph {
+    match result {
+        Ok((g, _)) => g,
+        Err(f) => panic!("{}", f.render()),
+    }
+}
+
+/// [`compile_sets`], which must succeed.
+pub fn graph(registry: &Registry, text: &str, sets: &[&str]) -> Graph {
+    compiled(compile_sets(registry, text, sets))
+}
+
+/// (code, message) of every diagnostic of a compilation of `text` that must fail, and the
+/// rendered report.
+pub fn failed(
+    result: Result<(Graph, Vec<Diagnostic>), Failure>,
+    text: &str,
+) -> (Vec<(Code, String)>, String) {
+    match result {
+        Ok(_) => panic!("expected errors for\n{text}"),
+        Err(f) => (
+            f.diagnostics
+                .iter()
+                .map(|d| (d.code, d.message.clone()))
+                .collect(),
+            f.render(),
+        ),
+    }
+}
+
+/// [`compile_sets`], which must fail: see [`failed`].
+pub fn errors(registry: &Registry, text: &str, sets: &[&str]) -> (Vec<(Code, String)>, String) {
+    failed(compile_sets(registry, text, sets), text)
+}
+
+/// Quiet options for a run into `out`, resumed or not.
+pub fn run_options(out: &Path, resume: bool) -> RunOptions {
+    RunOptions {
+        graph_file: None,
+        out: Some(out.to_path_buf()),
+        resume,
+        force: false,
+        progress: ProgressMode::Quiet,
+        cluster: None,
+    }
+}
+
+/// The metrics rows of the run in `dir`, without the `timing_s/` keys (which vary).
+pub fn metrics(dir: &Path) -> Vec<Vec<(String, f64)>> {
+    read_metrics(&dir.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .filter(|(k, _)| !k.starts_with("timing_s/"))
+                .collect()
+        })
+        .collect()
+}
+
+/// A proptest configuration: `cases` cases from the fixed `seed`, no persistence file.
+pub fn proptest_config(cases: u32, seed: u64) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
+        failure_persistence: None,
+        max_shrink_iters: 256,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
+/// Copies the directory tree `from` to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+pub const NUMBERS: ValueType<Vec<f64>> = ValueType::new("Numbers");
+pub const SCORES: ValueType<Vec<f64>> = ValueType::new("Scores");
+/// A kind that draws `count` numbers per step; its parameters are [`SourceParams`].
+pub const DRAWS: Capability = Capability::new("draws");
+
+const N: Port<Vec<f64>> = Port::new("n", NUMBERS);
 
 /// Emits `count` uniform draws scaled by `scale`, plus a running counter in its state.
 pub struct Source;
-#[derive(Deserialize)]
-struct SourceP {
-    count: usize,
-    scale: f64,
+#[derive(Clone, Copy, Debug, PartialEq, ParamChoice)]
+pub enum Mode {
+    Uniform,
+    Normal,
+}
+#[derive(Deserialize, Params)]
+pub struct SourceParams {
+    #[param(default = 3, min = 1.0)]
+    pub count: usize,
+    #[param(default = 1.0, gt = 0.0)]
+    pub scale: f64,
+    #[param(default = Mode::Uniform)]
+    pub mode: Mode,
+    pub opts: SourceOpts,
+}
+#[derive(Deserialize, Params)]
+pub struct SourceOpts {
+    #[param(default = 0.5, min = 0.0)]
+    pub coef: f64,
 }
 impl NodeKind for Source {
     fn name(&self) -> &str {
@@ -29,21 +189,19 @@ impl NodeKind for Source {
         vec![]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("n", NUMBERS)]
+        vec![N.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![
-            ParamSpec::int("count").default(3).min(1.0),
-            ParamSpec::float("scale").default(1.0).gt(0.0),
-            ParamSpec::one_of("mode", &["uniform", "normal"]).default("uniform"),
-            ParamSpec::table("opts", vec![ParamSpec::float("coef").default(0.5).min(0.0)]),
-        ]
+        SourceParams::param_specs()
+    }
+    fn capabilities(&self) -> Vec<Capability> {
+        vec![DRAWS]
     }
     fn timing_key(&self) -> Option<&str> {
         Some("gen")
     }
     fn build(&self, p: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
-        let p: SourceP = p.parse()?;
+        let p: SourceParams = p.parse()?;
         Ok(Box::new(SourceNode {
             count: p.count,
             scale: p.scale,
@@ -63,7 +221,7 @@ impl Node for SourceNode {
             .map(|_| ctx.rng().random::<f64>() * self.scale)
             .collect();
         ctx.metric("source/calls", self.calls as f64);
-        Ok(Outputs::new().with("n", v))
+        Ok(Outputs::new().with(N, v))
     }
     fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {
         Ok(Some(serde_json::json!({ "calls": self.calls })))
@@ -76,6 +234,9 @@ impl Node for SourceNode {
 
 /// Sums its inputs element-wise; `b` optional.
 pub struct Add;
+const A: Port<Vec<f64>> = Port::new("a", NUMBERS);
+const B: Port<Vec<f64>> = Port::new("b", NUMBERS);
+const SUM: Port<Vec<f64>> = Port::new("sum", NUMBERS);
 impl NodeKind for Add {
     fn name(&self) -> &str {
         "test.add"
@@ -84,13 +245,10 @@ impl NodeKind for Add {
         "a + b"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![
-            PortSpec::new("a", NUMBERS),
-            PortSpec::new("b", NUMBERS).optional(),
-        ]
+        vec![A.spec(), B.spec().optional()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("sum", NUMBERS)]
+        vec![SUM.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
         vec![]
@@ -102,18 +260,24 @@ impl NodeKind for Add {
 struct AddNode;
 impl Node for AddNode {
     fn run(&mut self, i: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        let a: &Vec<f64> = i.get("a")?;
-        let s: Vec<f64> = match i.get_opt::<Vec<f64>>("b")? {
+        let a = i.get(A)?;
+        let s: Vec<f64> = match i.get_opt(B)? {
             Some(b) => a.iter().zip(b).map(|(x, y)| x + y).collect(),
             None => a.clone(),
         };
         ctx.metric("add/sum", s.iter().sum());
-        Ok(Outputs::new().with("sum", s))
+        Ok(Outputs::new().with(SUM, s))
     }
 }
 
 /// Numbers → Scores (mean), with a constraint: `count` of the upstream source divisible by `micro`.
 pub struct Score;
+const SCORES_PORT: Port<Vec<f64>> = Port::new("scores", SCORES);
+#[derive(Deserialize, Params)]
+struct ScoreParams {
+    #[param(default = 1, min = 1.0)]
+    micro: usize,
+}
 impl NodeKind for Score {
     fn name(&self) -> &str {
         "test.score"
@@ -122,24 +286,24 @@ impl NodeKind for Score {
         "mean score"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("n", NUMBERS)]
+        vec![N.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", SCORES)]
+        vec![SCORES_PORT.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![ParamSpec::int("micro").default(1).min(1.0)]
+        ScoreParams::param_specs()
     }
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
-        let micro = ctx.params().get_i64("micro").unwrap();
-        let Some(src) = ctx
-            .node()
-            .and_then(|n| n.find_upstream(|k| k == "test.source"))
-        else {
+        let micro = match ctx.parse::<ScoreParams>() {
+            Ok(p) => p.micro,
+            Err(d) => return d,
+        };
+        let Some(src) = ctx.node().and_then(|n| n.find_upstream_with(DRAWS)) else {
             return vec![];
         };
-        let count = src.params().get_i64("count").unwrap();
-        if count % micro != 0 {
+        let count = src.params().parse::<SourceParams>().unwrap().count;
+        if !count.is_multiple_of(micro) {
             return vec![
                 ctx.error(
                     "micro",
@@ -160,15 +324,20 @@ impl NodeKind for Score {
 struct ScoreNode;
 impl Node for ScoreNode {
     fn run(&mut self, i: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        let n: &Vec<f64> = i.get("n")?;
+        let n = i.get(N)?;
         let m = n.iter().sum::<f64>() / n.len() as f64;
         ctx.metric("critic/score/mean", m);
-        Ok(Outputs::new().with("scores", vec![m]))
+        Ok(Outputs::new().with(SCORES_PORT, vec![m]))
     }
 }
 
 /// Consumes Scores (for type mismatch tests), optionally fails at a step.
 pub struct Sink;
+#[derive(Deserialize, Params)]
+struct SinkParams {
+    /// 1-based step that fails
+    fail_at: Option<u64>,
+}
 impl NodeKind for Sink {
     fn name(&self) -> &str {
         "test.sink"
@@ -177,18 +346,17 @@ impl NodeKind for Sink {
         "takes scores"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", SCORES)]
+        vec![SCORES_PORT.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         vec![]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![ParamSpec::int("fail_at").doc("1-based step that fails")]
+        SinkParams::param_specs()
     }
     fn build(&self, p: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
-        Ok(Box::new(SinkNode {
-            fail_at: p.get_i64("fail_at").map(|x| x as u64),
-        }))
+        let p: SinkParams = p.parse()?;
+        Ok(Box::new(SinkNode { fail_at: p.fail_at }))
     }
 }
 struct SinkNode {
@@ -205,6 +373,11 @@ impl Node for SinkNode {
 
 /// Emits only every `every` steps (skips otherwise).
 pub struct Every;
+#[derive(Deserialize, Params)]
+struct EveryParams {
+    #[param(default = 2, min = 1.0)]
+    every: u64,
+}
 impl NodeKind for Every {
     fn name(&self) -> &str {
         "test.every"
@@ -216,13 +389,13 @@ impl NodeKind for Every {
         vec![]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("n", NUMBERS)]
+        vec![N.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![ParamSpec::int("every").default(2).min(1.0)]
+        EveryParams::param_specs()
     }
     fn build(&self, p: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
-        Ok(Box::new(EveryNode(p.get_i64("every").unwrap() as u64)))
+        Ok(Box::new(EveryNode(p.parse::<EveryParams>()?.every)))
     }
 }
 struct EveryNode(u64);
@@ -231,7 +404,7 @@ impl Node for EveryNode {
         if !ctx.step().is_multiple_of(self.0) {
             return Ok(Outputs::skipped());
         }
-        Ok(Outputs::new().with("n", vec![1.0f64]))
+        Ok(Outputs::new().with(N, vec![1.0]))
     }
 }
 
@@ -248,7 +421,7 @@ impl NodeKind for Rendezvous {
         vec![]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("n", NUMBERS)]
+        vec![N.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
         vec![]
@@ -261,13 +434,21 @@ struct RendezvousNode(Arc<Barrier>);
 impl Node for RendezvousNode {
     fn run(&mut self, _: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
         self.0.wait();
-        Ok(Outputs::new().with("n", vec![0.0f64]))
+        Ok(Outputs::new().with(N, vec![0.0]))
     }
 }
 
 /// A resource: a scalar "weight" behind a mutex, saved as text.
 pub struct Weight(pub Mutex<f64>);
 pub struct WeightKind;
+#[derive(Deserialize, Params)]
+struct WeightParams {
+    #[param(default = 0.0)]
+    init: f64,
+    /// copy another model
+    #[param(resource = "model")]
+    from: Option<String>,
+}
 impl ResourceKind for WeightKind {
     fn name(&self) -> &str {
         "model"
@@ -279,15 +460,13 @@ impl ResourceKind for WeightKind {
         "a scalar model"
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![
-            ParamSpec::float("init").default(0.0),
-            ParamSpec::resource("from", "model").doc("copy another model"),
-        ]
+        WeightParams::param_specs()
     }
     fn build(&self, p: &Params, ctx: &BuildContext) -> anyhow::Result<ResourceValue> {
-        let init = match p.get_str("from") {
+        let p: WeightParams = p.parse()?;
+        let init = match &p.from {
             Some(src) => *ctx.resource::<Weight>(src)?.0.lock().unwrap(),
-            None => p.get_f64("init").unwrap(),
+            None => p.init,
         };
         Ok(Arc::new(Weight(Mutex::new(init))))
     }
@@ -305,6 +484,13 @@ impl ResourceKind for WeightKind {
 
 /// Moves the model's weight by lr × mean(numbers) + noise; reports actor/pg_loss.
 pub struct Train;
+#[derive(Deserialize, Params)]
+struct TrainParams {
+    #[param(resource = "model", required)]
+    model: String,
+    #[param(default = 0.1, gt = 0.0)]
+    lr: f64,
+}
 impl NodeKind for Train {
     fn name(&self) -> &str {
         "test.train"
@@ -313,21 +499,19 @@ impl NodeKind for Train {
         "train"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("n", NUMBERS)]
+        vec![N.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         vec![]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![
-            ParamSpec::resource("model", "model").required(),
-            ParamSpec::float("lr").default(0.1).gt(0.0),
-        ]
+        TrainParams::param_specs()
     }
     fn build(&self, p: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
+        let p: TrainParams = p.parse()?;
         Ok(Box::new(TrainNode {
-            model: ctx.resource::<Weight>(p.get_str("model").unwrap())?,
-            lr: p.get_f64("lr").unwrap(),
+            model: ctx.resource::<Weight>(&p.model)?,
+            lr: p.lr,
         }))
     }
 }
@@ -337,7 +521,7 @@ struct TrainNode {
 }
 impl Node for TrainNode {
     fn run(&mut self, i: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        let n: &Vec<f64> = i.get("n")?;
+        let n = i.get(N)?;
         let noise: f64 = ctx.rng().random();
         let mut w = self.model.0.lock().unwrap();
         *w += self.lr * (n.iter().sum::<f64>() / n.len() as f64) + 1e-3 * noise;
@@ -370,7 +554,7 @@ impl NodeKind for Shard {
         "numbers split over replicas"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("n", NUMBERS)]
+        vec![N.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         vec![]
@@ -382,13 +566,10 @@ impl NodeKind for Shard {
         true
     }
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
-        let Some(src) = ctx
-            .node()
-            .and_then(|n| n.find_upstream(|k| k == "test.source"))
-        else {
+        let Some(src) = ctx.node().and_then(|n| n.find_upstream_with(DRAWS)) else {
             return vec![];
         };
-        let count = src.params().get_i64("count").unwrap() as usize;
+        let count = src.params().parse::<SourceParams>().unwrap().count;
         let replicas = ctx.world_replicas();
         if !count.is_multiple_of(replicas) {
             return vec![ctx.error(

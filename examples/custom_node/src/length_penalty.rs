@@ -2,11 +2,16 @@
 //! score = acc − penalty · max(0, tokens − max_tokens), acc = 1 when the response contains
 //! `\boxed{<ground truth>}`, else 0.
 
-use flowrl_engine::{BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec};
-use flowrl_engine::{PortType, StepContext};
+use flowrl_engine::{BuildContext, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec};
+use flowrl_engine::{Params, Port, PortSpec, StepContext};
 use flowrl_nodes::reward_support::log_score_metrics;
-use flowrl_nodes::values::port_types::{ROLLOUTS, SCORES};
+use flowrl_nodes::values::port_types;
 use flowrl_nodes::{RolloutBatch, ScoreBatch};
+
+/// The ports: a name and flowrl's value type (port type and Rust type of the values), declared
+/// once.
+const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
+const SCORES: Port<ScoreBatch> = Port::new("scores", port_types::SCORES);
 
 pub struct LengthPenaltyKind;
 
@@ -18,22 +23,13 @@ impl NodeKind for LengthPenaltyKind {
         "1 when the response boxes the ground truth, minus `penalty` per token past `max_tokens`."
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("rollouts", PortType::new(ROLLOUTS))]
+        vec![ROLLOUTS.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", PortType::new(SCORES))]
+        vec![SCORES.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![
-            ParamSpec::int("max_tokens")
-                .default(12)
-                .gt(0)
-                .doc("tokens allowed for free"),
-            ParamSpec::float("penalty")
-                .default(0.05)
-                .min(0)
-                .doc("cost of each extra token"),
-        ]
+        LengthPenalty::param_specs()
     }
     fn timing_key(&self) -> Option<&str> {
         Some("reward")
@@ -43,15 +39,20 @@ impl NodeKind for LengthPenaltyKind {
     }
 }
 
-#[derive(serde::Deserialize)]
+/// The parameters, which are also the node: each field is a key of the node's table.
+#[derive(serde::Deserialize, Params)]
 struct LengthPenalty {
+    /// tokens allowed for free
+    #[param(default = 12, gt = 0)]
     max_tokens: usize,
+    /// cost of each extra token
+    #[param(default = 0.05, min = 0)]
     penalty: f64,
 }
 
 impl Node for LengthPenalty {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        let rollouts = inputs.get_arc::<RolloutBatch>("rollouts")?;
+        let rollouts = inputs.get_arc(ROLLOUTS)?;
         let (mut scores, mut acc) = (Vec::new(), Vec::new());
         for (i, tokens) in rollouts.response_lengths().into_iter().enumerate() {
             let boxed = format!("\\boxed{{{}}}", rollouts.ground_truth[i].trim());
@@ -67,6 +68,6 @@ impl Node for LengthPenalty {
             components,
         };
         log_score_metrics(ctx, &batch); // critic/score/*, critic/rewards/*, critic/score/acc/mean
-        Ok(Outputs::new().with_opaque("scores", batch)) // ScoreBatch is not Serialize
+        Ok(Outputs::new().with_opaque(SCORES, batch)) // ScoreBatch is not Serialize
     }
 }

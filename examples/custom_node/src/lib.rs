@@ -7,7 +7,11 @@
 //!   from the step's deterministic RNG; its position is saved in checkpoints.
 //! - `walk.ema` smooths what it receives with an exponential moving average,
 //!   m_t = α·x_t + (1 − α)·m_{t−1} (m_1 = x_1), reports `walk/x` and `walk/ema` and checks in its
-//!   `validate` hook that α lies in (0, 1] given the upstream σ (a toy constraint with numbers).
+//!   `validate` hook that α is not too small for the σ of the walk feeding it (a toy constraint
+//!   with numbers, found by the walk's [`RANDOM_WALK`] capability, not by its kind name).
+//!
+//! Each kind declares its parameters once, as the serde struct it deserializes
+//! (`#[derive(Params)]`), and each port once, as a typed [`Port`] constant.
 //!
 //! `src/main.rs` builds a `flowrl`-style binary with flowrl's built-in kinds plus these
 //! ([`add_kinds`]); `graph.toml` uses the walk kinds.
@@ -15,21 +19,31 @@
 pub mod length_penalty;
 
 use flowrl_engine::{
-    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    PortType, Registry, StepContext, ValidateCtx,
+    BuildContext, Capability, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec,
+    Params, Port, PortSpec, Registry, StepContext, ValidateCtx, ValueType,
 };
 use rand::Rng;
 use serde::Deserialize;
 
 /// A scalar per step.
-pub const SCALAR: PortType = PortType::new("Scalar");
+pub const SCALAR: ValueType<f64> = ValueType::new("Scalar");
+
+/// A kind that is a random walk: its parameters are [`WalkParams`] (step size `sigma`).
+pub const RANDOM_WALK: Capability = Capability::new("random_walk");
+
+const X: Port<f64> = Port::new("x", SCALAR);
+const MEAN: Port<f64> = Port::new("mean", SCALAR);
 
 pub struct GaussianWalk;
 
-#[derive(Deserialize)]
-struct WalkParams {
-    sigma: f64,
-    start: f64,
+#[derive(Deserialize, Params)]
+pub struct WalkParams {
+    /// step standard deviation
+    #[param(default = 1.0, gt = 0.0)]
+    pub sigma: f64,
+    /// initial position
+    #[param(default = 0.0)]
+    pub start: f64,
 }
 
 impl NodeKind for GaussianWalk {
@@ -43,18 +57,13 @@ impl NodeKind for GaussianWalk {
         Vec::new()
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("x", SCALAR).doc("the walk's position after this step")]
+        vec![X.spec().doc("the walk's position after this step")]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![
-            ParamSpec::float("sigma")
-                .default(1.0)
-                .gt(0.0)
-                .doc("step standard deviation"),
-            ParamSpec::float("start")
-                .default(0.0)
-                .doc("initial position"),
-        ]
+        WalkParams::param_specs()
+    }
+    fn capabilities(&self) -> Vec<Capability> {
+        vec![RANDOM_WALK]
     }
     fn timing_key(&self) -> Option<&str> {
         Some("walk")
@@ -83,7 +92,7 @@ fn normal(rng: &mut impl Rng) -> f64 {
 impl Node for WalkNode {
     fn run(&mut self, _inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
         self.x += self.sigma * normal(ctx.rng());
-        Ok(Outputs::new().with("x", self.x))
+        Ok(Outputs::new().with(X, self.x))
     }
     fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {
         Ok(Some(serde_json::json!({ "x": self.x })))
@@ -98,8 +107,10 @@ impl Node for WalkNode {
 
 pub struct Ema;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Params)]
 struct EmaParams {
+    /// weight of the newest value
+    #[param(default = 0.1, gt = 0.0, max = 1.0)]
     alpha: f64,
 }
 
@@ -111,28 +122,26 @@ impl NodeKind for Ema {
         "Exponential moving average m_t = alpha * x_t + (1 - alpha) * m_{t-1}; reports walk/x, walk/ema."
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("x", SCALAR)]
+        vec![X.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("mean", SCALAR)]
+        vec![MEAN.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![
-            ParamSpec::float("alpha")
-                .default(0.1)
-                .gt(0.0)
-                .max(1.0)
-                .doc("weight of the newest value"),
-        ]
+        EmaParams::param_specs()
     }
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
         // A constraint that involves a neighbour: with a very noisy walk, a tiny alpha makes the
         // average lag for ~1/alpha steps; refuse alpha < sigma / 1000.
-        let alpha = ctx.params().get_f64("alpha").unwrap_or(0.1);
+        let alpha = match ctx.parse::<EmaParams>() {
+            Ok(p) => p.alpha,
+            Err(d) => return d,
+        };
         let sigma = ctx
-            .input("x")
-            .and_then(|n| n.params().get_f64("sigma"))
-            .unwrap_or(1.0);
+            .input(X.name())
+            .filter(|n| n.has_capability(RANDOM_WALK))
+            .and_then(|n| n.params().parse::<WalkParams>().ok())
+            .map_or(1.0, |w| w.sigma);
         if alpha < sigma / 1000.0 {
             return vec![
                 ctx.error(
@@ -163,7 +172,7 @@ struct EmaNode {
 
 impl Node for EmaNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-        let x: f64 = *inputs.get::<f64>("x")?;
+        let x = *inputs.get(X)?;
         let m = match self.mean {
             None => x,
             Some(m) => self.alpha * x + (1.0 - self.alpha) * m,
@@ -171,7 +180,7 @@ impl Node for EmaNode {
         self.mean = Some(m);
         ctx.metric("walk/x", x);
         ctx.metric("walk/ema", m);
-        Ok(Outputs::new().with("mean", m))
+        Ok(Outputs::new().with(MEAN, m))
     }
     fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {
         Ok(Some(serde_json::json!({ "mean": self.mean })))

@@ -1,0 +1,80 @@
+//! Stage 1, syntax: the graph file parsed into a spanned document ([`crate::spec`]), then each
+//! override applied to it in order.
+//!
+//! A syntax error in the file stops the compilation (no later stage has a document to read); an
+//! override that cannot be applied is an error that points at the override, and the stages after
+//! this one still run. What the keys mean is not checked here.
+
+use crate::diagnostic::{Diagnostic, SourceId, SourceMap};
+use crate::spec::{self, STable};
+
+/// One `path.to.key=value` override and where it came from (shown in diagnostics: `--set #2`,
+/// `--steps`, `--device`).
+#[derive(Clone, Debug)]
+pub struct Override {
+    pub origin: String,
+    pub text: String,
+}
+
+impl Override {
+    pub fn new(origin: impl Into<String>, text: impl Into<String>) -> Self {
+        Override {
+            origin: origin.into(),
+            text: text.into(),
+        }
+    }
+
+    /// The `--device` command-line argument (`run.device=...`); when the graph has `[run] devices`
+    /// it is an error that points at the argument.
+    pub fn device(device: &str) -> Override {
+        Override::new(DEVICE_ARG, format!("run.device=\"{device}\""))
+    }
+
+    /// `--set` arguments, numbered from 1 in the order given.
+    pub fn sets(args: &[String]) -> Vec<Override> {
+        args.iter()
+            .enumerate()
+            .map(|(i, a)| Override::new(format!("--set #{}", i + 1), a.clone()))
+            .collect()
+    }
+}
+
+/// The origin of the `--device` override.
+const DEVICE_ARG: &str = "--device";
+
+/// The document the later stages read.
+pub(super) struct Parsed {
+    pub doc: STable,
+    /// The source of the `--device` argument, when given (the placement stage words a conflict
+    /// with `[run] devices` differently for it).
+    pub device_arg: Option<SourceId>,
+}
+
+/// Parses `text` (source `file`) and applies `overrides`, each added to `sources`; `None` when
+/// the file itself is not valid TOML.
+pub(super) fn parse(
+    text: &str,
+    file: SourceId,
+    overrides: &[Override],
+    sources: &mut SourceMap,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<Parsed> {
+    let mut doc = match spec::parse(text, file) {
+        Ok(doc) => doc,
+        Err(d) => {
+            diags.extend(d);
+            return None;
+        }
+    };
+    let mut device_arg = None;
+    for o in overrides {
+        let id = sources.add(o.origin.clone(), o.text.clone());
+        if o.origin == DEVICE_ARG {
+            device_arg = Some(id);
+        }
+        if let Err(d) = spec::apply_override(&mut doc, &o.text, id) {
+            diags.push(d);
+        }
+    }
+    Some(Parsed { doc, device_arg })
+}
