@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use flowrl_engine::{
     BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    PortType, Registry, Session, StepContext, compile,
+    Registry, Session, StepContext, compile,
 };
 use flowrl_nodes::ScoreBatch;
 use flowrl_nodes::values::port_types;
@@ -35,13 +35,10 @@ impl NodeKind for ParityReward {
         "uniform groups for even prompts"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new(
-            "rollouts",
-            PortType::new(port_types::ROLLOUTS),
-        )]
+        vec![PortSpec::new("rollouts", port_types::ROLLOUTS)]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", PortType::new(port_types::SCORES))]
+        vec![PortSpec::new("scores", port_types::SCORES)]
     }
     fn params(&self) -> Vec<ParamSpec> {
         vec![]
@@ -90,7 +87,7 @@ impl NodeKind for Probe {
         "records scores"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", PortType::new(port_types::SCORES))]
+        vec![PortSpec::new("scores", port_types::SCORES)]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         vec![]

@@ -8,7 +8,7 @@
 //! of 8 text tokens, `<vision_start>`, the 64 tokens of one 224×224 image, `<vision_end>` and
 //! text up to 109 tokens, then `BENCH_NEW` response tokens (default 32). Rows come in groups of
 //! `BENCH_N` (default 4, the reduced comparison's n) answering one prompt, so they share its
-//! image, as in a GRPO batch; embeddings go through the nodes' `input_embeddings_shared`.
+//! image, as in a GRPO batch; embeddings go through `Model::input_embeddings_shared`.
 //!
 //! `BENCH_MEM=1` prints the live heap and its peak at the phases' boundaries (the global
 //! allocator counts its bytes).
@@ -49,7 +49,7 @@ use flowrl_algorithms::{
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
-use flowrl_nodes::sequences::{chunked_loss_backward, input_embeddings_shared};
+use flowrl_nodes::train::sequences::chunked_loss_backward;
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
 type Ad = flowrl_nodes::backend::CpuBackend;
@@ -210,7 +210,7 @@ fn trunk<B: Backend>(
     device: &B::Device,
 ) -> Result<(Tensor<B, 3>, Tensor<B, 2, Int>)> {
     let lm = model.causal_lm();
-    let embeds = input_embeddings_shared(model, &x.tokens, &x.images, &x.image_first, device)?;
+    let embeds = model.input_embeddings_shared(&x.tokens, &x.images, &x.image_first, device)?;
     mem("  input embeddings (vision tower)");
     let positions = model.position_ids(&x.tokens, &x.images)?;
     let hidden = lm.forward_hidden(

@@ -7,54 +7,30 @@
 //! allocator ([`allocator`]). Calling into this crate is what links it: a binary that only names
 //! `flowrl_engine::Registry::builtin()` has no built-in kinds at all.
 //!
-//! The main job's pieces: the `model` resource kind ([`model_resource`]; `value_head = true`
-//! makes a value model, PPO's critic), the node kinds `rollout`, `logprob`, `update.ppo`,
-//! `update.sft`, `eval` and the critic's `value` and `update.critic`, and what they share:
-//! [`sequences`] (response log-probs in chunks), [`train`] (optimizer parameters and the guarded
-//! step), [`optim`] (AdamW, clipping, schedules with PyTorch/verl semantics), [`backend`].
+//! The tree:
+//! - [`kinds`]: the node kinds, a folder per family (`kinds/reward/geo3k.rs` is `reward.geo3k`).
+//!   The main job's are `rollout`, `logprob`, `update.ppo`, `update.sft`, `eval` and the critic's
+//!   `value` and `update.critic`.
+//! - [`resources`]: the `model` resource kind ([`resources::model`]; `value_head = true` makes a
+//!   value model, PPO's critic).
+//! - [`runtime`]: how nodes run: the burn [`backend`] of a device, the [`data_parallel`] replicas,
+//!   the binaries' [`allocator`] and their `orchestrator` command ([`orchestrator`]).
+//! - [`train`]: what the model-running kinds share: [`train::sequences`] (response log-probs in
+//!   chunks), [`train::micro_batches`], optimizer parameters and the guarded step,
+//!   [`train::optim`] (AdamW, clipping, schedules with PyTorch/verl semantics).
 
-pub mod advantage_gae;
-pub mod advantage_gdpo;
-pub mod advantage_gpg;
-pub mod advantage_grpo;
-pub mod advantage_grpo_passk;
-pub mod advantage_opo;
-pub mod advantage_optimal_token_baseline;
-pub mod advantage_reinforce_pp;
-pub mod advantage_reinforce_pp_baseline;
-pub mod advantage_remax;
-pub mod advantage_rloo;
-pub mod advantage_support;
-pub mod advantage_tir_optimal_token_baseline;
-pub mod allocator;
-pub mod backend;
-pub mod data_parallel;
-pub mod dataset_parquet;
-pub mod debug_print;
-pub mod eval;
-pub mod exec;
-pub mod filter_groups;
-pub mod logprob;
-pub mod micro_batches;
-pub mod model_resource;
-pub mod optim;
-pub mod reward_combined;
-pub mod reward_exact_match;
-pub mod reward_format;
-pub mod reward_geo3k;
-pub mod reward_overlong;
-pub mod reward_support;
-pub mod rollout;
-pub mod sequences;
-pub mod sink_jsonl;
+pub mod kinds;
+pub mod resources;
+pub mod runtime;
 pub mod train;
-pub mod update_critic;
-pub mod update_ppo;
-pub mod update_sft;
-pub mod validate;
-pub mod value;
 pub mod values;
 
+// The paths the binary, the bench and plugin crates name (`flowrl_nodes::backend::CpuBackend`,
+// `flowrl_nodes::reward_support::log_score_metrics`, ...).
+pub use kinds::reward::support as reward_support;
+pub use kinds::{rollout, validate};
+pub use resources::model as model_resource;
+pub use runtime::{allocator, backend, data_parallel, orchestrator};
 pub use values::{
     AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, TokenValues,
 };
@@ -70,7 +46,7 @@ use flowrl_engine::Registry;
 pub fn register_builtin(registry: &mut Registry) {
     let builtin = Registry::builtin();
     assert!(
-        builtin.kind(exec::KIND).is_some() && builtin.resource_kinds().next().is_some(),
+        builtin.kind(kinds::exec::KIND).is_some() && builtin.resource_kinds().next().is_some(),
         "flowrl-nodes is linked but its kinds did not register (inventory); this platform needs \
          explicit registration"
     );
@@ -94,8 +70,8 @@ pub fn builtin_registry() -> Registry {
 /// lets `add` add the plugin's kinds, and runs the engine's CLI (`run`, `validate`, `graph`,
 /// `nodes`, `plot`, `orchestrator`) with the process arguments.
 pub fn main_with_builtin_and(add: impl FnOnce(Registry) -> Registry) -> std::process::ExitCode {
-    allocator::keep_freed_memory();
-    flowrl_engine::cli::main_with(add(builtin_registry()))
+    runtime::allocator::keep_freed_memory();
+    flowrl_engine::cli::main_with(add(builtin_registry()), orchestrator::run)
 }
 
 /// Declares flowrl's allocator (mimalloc, see [`allocator`]) as the binary's global allocator.
@@ -104,7 +80,8 @@ pub fn main_with_builtin_and(add: impl FnOnce(Registry) -> Registry) -> std::pro
 macro_rules! global_allocator {
     () => {
         #[global_allocator]
-        static FLOWRL_ALLOCATOR: $crate::allocator::MiMalloc = $crate::allocator::MiMalloc;
+        static FLOWRL_ALLOCATOR: $crate::runtime::allocator::MiMalloc =
+            $crate::runtime::allocator::MiMalloc;
     };
 }
 

@@ -24,22 +24,25 @@ use std::sync::Arc;
 
 pub use flowrl_datasets::PromptBatch;
 
-/// Port type names, as declared by the node kinds and shown in diagnostics.
+/// Port types, as declared by the node kinds and shown in diagnostics, each bound to the Rust type
+/// of the values it carries (a [`Port`](flowrl_engine::Port) of one reads and writes that type).
 pub mod port_types {
+    use flowrl_engine::ValueType;
+
     /// [`super::PromptBatch`].
-    pub const PROMPTS: &str = "Prompts";
+    pub const PROMPTS: ValueType<super::PromptBatch> = ValueType::new("Prompts");
     /// [`super::RolloutBatch`].
-    pub const ROLLOUTS: &str = "Rollouts";
+    pub const ROLLOUTS: ValueType<super::RolloutBatch> = ValueType::new("Rollouts");
     /// [`super::ScoreBatch`].
-    pub const SCORES: &str = "Scores";
+    pub const SCORES: ValueType<super::ScoreBatch> = ValueType::new("Scores");
     /// [`super::TokenLogProbs`].
-    pub const TOKEN_LOG_PROBS: &str = "TokenLogProbs";
+    pub const TOKEN_LOG_PROBS: ValueType<super::TokenLogProbs> = ValueType::new("TokenLogProbs");
     /// [`super::TokenValues`].
-    pub const VALUES: &str = "Values";
+    pub const VALUES: ValueType<super::TokenValues> = ValueType::new("Values");
     /// [`super::AdvantageBatch`].
-    pub const ADVANTAGES: &str = "Advantages";
+    pub const ADVANTAGES: ValueType<super::AdvantageBatch> = ValueType::new("Advantages");
     /// [`super::ModelUpdate`].
-    pub const MODEL_UPDATE: &str = "ModelUpdate";
+    pub const MODEL_UPDATE: ValueType<super::ModelUpdate> = ValueType::new("ModelUpdate");
 }
 
 /// A `[rows, cols]` f32 matrix stored row-major; the common shape of every per-token value.

@@ -12,10 +12,14 @@ use flowrl_algorithms::{
     OTB_EPSILON, PathVariance, TokenRewards, compute_optimal_token_baseline_advantage,
 };
 use flowrl_engine::{
-    BuildContext, Code, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    PortType, Registry, Session, Severity, StepContext, compile,
+    BuildContext, Code, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Port,
+    PortSpec, Registry, Session, Severity, StepContext, compile,
 };
 use flowrl_nodes::values::{AdvantageBatch, ScoreBatch, TokenLogProbs, port_types};
+
+const ADVANTAGES: Port<AdvantageBatch> = Port::new("advantages", port_types::ADVANTAGES);
+const SCORES: Port<ScoreBatch> = Port::new("scores", port_types::SCORES);
+const LOG_PROBS: Port<TokenLogProbs> = Port::new("log_probs", port_types::TOKEN_LOG_PROBS);
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -42,9 +46,9 @@ impl NodeKind for Capture {
     }
     fn inputs(&self) -> Vec<PortSpec> {
         vec![
-            PortSpec::new("advantages", PortType::new(port_types::ADVANTAGES)).optional(),
-            PortSpec::new("scores", PortType::new(port_types::SCORES)).optional(),
-            PortSpec::new("log_probs", PortType::new(port_types::TOKEN_LOG_PROBS)).optional(),
+            ADVANTAGES.spec().optional(),
+            SCORES.spec().optional(),
+            LOG_PROBS.spec().optional(),
         ]
     }
     fn outputs(&self) -> Vec<PortSpec> {
@@ -58,9 +62,9 @@ impl NodeKind for Capture {
         impl Node for N {
             fn run(&mut self, inputs: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
                 let seen = Seen {
-                    advantages: inputs.get_opt::<AdvantageBatch>("advantages")?.cloned(),
-                    scores: inputs.get_opt::<ScoreBatch>("scores")?.cloned(),
-                    log_probs: inputs.get_opt::<TokenLogProbs>("log_probs")?.cloned(),
+                    advantages: inputs.get_opt(ADVANTAGES)?.cloned(),
+                    scores: inputs.get_opt(SCORES)?.cloned(),
+                    log_probs: inputs.get_opt(LOG_PROBS)?.cloned(),
                 };
                 self.0.lock().unwrap().insert(self.1.clone(), seen);
                 Ok(Outputs::new())

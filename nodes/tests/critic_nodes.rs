@@ -11,11 +11,15 @@ use std::sync::{Arc, Mutex};
 use flowrl_algorithms::rewards::geo3k::geo3k_score;
 use flowrl_engine::{
     BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Payload,
-    Placement, PortSpec, PortType, Registry, Session, Severity, StepContext, Value, compile,
+    Placement, Port, PortSpec, Registry, Session, Severity, StepContext, Value, compile,
 };
 use flowrl_nodes::backend::CpuBackend;
 use flowrl_nodes::model_resource::ModelResource;
 use flowrl_nodes::values::{AdvantageBatch, RolloutBatch, TokenValues, port_types};
+
+const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
+const VALUES: Port<TokenValues> = Port::new("values", port_types::VALUES);
+const ADVANTAGES: Port<AdvantageBatch> = Port::new("advantages", port_types::ADVANTAGES);
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -41,11 +45,7 @@ impl NodeKind for Capture {
         "keeps its inputs"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![
-            PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS)),
-            PortSpec::new("values", PortType::new(port_types::VALUES)),
-            PortSpec::new("advantages", PortType::new(port_types::ADVANTAGES)),
-        ]
+        vec![ROLLOUTS.spec(), VALUES.spec(), ADVANTAGES.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         vec![]
@@ -58,9 +58,9 @@ impl NodeKind for Capture {
         impl Node for N {
             fn run(&mut self, inputs: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
                 *self.0.lock().unwrap() = Seen {
-                    rollouts: Some(inputs.get_arc::<RolloutBatch>("rollouts")?),
-                    values: Some(inputs.get_arc::<TokenValues>("values")?),
-                    advantages: Some(inputs.get_arc::<AdvantageBatch>("advantages")?),
+                    rollouts: Some(inputs.get_arc(ROLLOUTS)?),
+                    values: Some(inputs.get_arc(VALUES)?),
+                    advantages: Some(inputs.get_arc(ADVANTAGES)?),
                 };
                 Ok(Outputs::new())
             }
@@ -208,29 +208,19 @@ fn run_node(
     ctx.metrics().iter().cloned().collect()
 }
 
+/// Inserts `v` on `port`.
+fn insert<T: std::any::Any + Send + Sync>(i: &mut Inputs, port: Port<T>, v: Arc<T>) {
+    i.insert(
+        port.name(),
+        Value::new(port.port_type(), Payload::opaque_arc(v)),
+    );
+}
+
 fn critic_inputs(seen: &Seen) -> Inputs {
     let mut i = Inputs::new("critic2");
-    i.insert(
-        "rollouts",
-        Value::new(
-            PortType::new(port_types::ROLLOUTS),
-            Payload::opaque_arc(seen.rollouts.clone().unwrap()),
-        ),
-    );
-    i.insert(
-        "values",
-        Value::new(
-            PortType::new(port_types::VALUES),
-            Payload::opaque_arc(seen.values.clone().unwrap()),
-        ),
-    );
-    i.insert(
-        "advantages",
-        Value::new(
-            PortType::new(port_types::ADVANTAGES),
-            Payload::opaque_arc(seen.advantages.clone().unwrap()),
-        ),
-    );
+    insert(&mut i, ROLLOUTS, seen.rollouts.clone().unwrap());
+    insert(&mut i, VALUES, seen.values.clone().unwrap());
+    insert(&mut i, ADVANTAGES, seen.advantages.clone().unwrap());
     i
 }
 

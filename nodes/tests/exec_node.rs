@@ -8,7 +8,7 @@
 //! (timeouts), crashes with and without restarts.
 
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
+    BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Port, PortSpec,
     PortType, Registry, Session, StepContext, StepReport, compile,
 };
 use flowrl_nodes::values::port_types;
@@ -16,8 +16,8 @@ use flowrl_nodes::{PromptBatch, RolloutBatch, ScoreBatch, TokenMatrix};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-const ROLLOUTS: PortType = PortType::new(port_types::ROLLOUTS);
-const SCORES: PortType = PortType::new(port_types::SCORES);
+const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
+const SCORES: Port<ScoreBatch> = Port::new("scores", port_types::SCORES);
 
 /// Responses and ground truths of the fake rollout source.
 const RESPONSES: &[(&str, &str)] = &[
@@ -70,7 +70,7 @@ impl NodeKind for FakeRollouts {
         Vec::new()
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("rollouts", ROLLOUTS)]
+        vec![ROLLOUTS.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
         vec![ParamSpec::int("copies").default(1).min(1)]
@@ -83,7 +83,7 @@ impl NodeKind for FakeRollouts {
 struct FakeRolloutsNode(usize);
 impl Node for FakeRolloutsNode {
     fn run(&mut self, _: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
-        Ok(Outputs::new().with_opaque("rollouts", rollouts(self.0)))
+        Ok(Outputs::new().with_opaque(ROLLOUTS, rollouts(self.0)))
     }
 }
 
@@ -98,7 +98,7 @@ impl NodeKind for Collect {
         "Collects scores for tests."
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", SCORES)]
+        vec![SCORES.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         Vec::new()
@@ -112,7 +112,7 @@ impl NodeKind for Collect {
 }
 impl Node for Collect {
     fn run(&mut self, inputs: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
-        let s: &ScoreBatch = inputs.get("scores")?;
+        let s = inputs.get(SCORES)?;
         self.0.lock().unwrap().push(s.clone());
         Ok(Outputs::new())
     }

@@ -17,8 +17,8 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use flowrl_nodes::backend::CpuBackend as AB;
-use flowrl_nodes::optim::AdamW;
-use flowrl_nodes::optim::adamw::{param_shapes, parse_state};
+use flowrl_nodes::train::optim::AdamW;
+use flowrl_nodes::train::optim::adamw::{param_shapes, parse_state};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 

@@ -12,14 +12,19 @@ use std::sync::{Arc, Mutex};
 
 use flowrl_algorithms::{AdvantageEstimator, compute_advantages_host, rewards::geo3k::geo3k_score};
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    PortType, Registry, Session, StepContext, compile,
+    BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
+    Port, PortSpec, Registry, Session, StepContext, compile,
 };
 use flowrl_nodes::backend::CpuBackend;
 use flowrl_nodes::model_resource::ModelResource;
 use flowrl_nodes::values::{
     AdvantageBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, port_types,
 };
+
+const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
+const SCORES: Port<ScoreBatch> = Port::new("scores", port_types::SCORES);
+const ADVANTAGES: Port<AdvantageBatch> = Port::new("advantages", port_types::ADVANTAGES);
+const LOG_PROBS: Port<TokenLogProbs> = Port::new("log_probs", port_types::TOKEN_LOG_PROBS);
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -38,13 +43,10 @@ impl NodeKind for TestReward {
         "geo3k score"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new(
-            "rollouts",
-            PortType::new(port_types::ROLLOUTS),
-        )]
+        vec![ROLLOUTS.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", PortType::new(port_types::SCORES))]
+        vec![SCORES.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
         vec![]
@@ -53,7 +55,7 @@ impl NodeKind for TestReward {
         struct N;
         impl Node for N {
             fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-                let r = inputs.get_arc::<RolloutBatch>("rollouts")?;
+                let r = inputs.get_arc(ROLLOUTS)?;
                 let scores: Vec<f32> = (0..r.len())
                     .map(|i| geo3k_score(&r.response_text[i], &r.ground_truth[i]).score as f32)
                     .collect();
@@ -62,7 +64,7 @@ impl NodeKind for TestReward {
                     scores.iter().sum::<f32>() as f64 / scores.len() as f64,
                 );
                 Ok(Outputs::new().with_opaque(
-                    "scores",
+                    SCORES,
                     ScoreBatch {
                         rollouts: r,
                         scores,
@@ -77,6 +79,12 @@ impl NodeKind for TestReward {
 
 /// GRPO advantages; with `nan_at_step`, the advantages of that step are NaN (fault injection).
 struct TestAdvantage;
+
+#[derive(serde::Deserialize, flowrl_engine::Params)]
+struct TestAdvantageParams {
+    #[param(default = -1)]
+    nan_at_step: i64,
+}
 impl NodeKind for TestAdvantage {
     fn name(&self) -> &str {
         "test.advantage"
@@ -85,23 +93,20 @@ impl NodeKind for TestAdvantage {
         "GRPO advantages"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new("scores", PortType::new(port_types::SCORES))]
+        vec![SCORES.spec()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
-        vec![PortSpec::new(
-            "advantages",
-            PortType::new(port_types::ADVANTAGES),
-        )]
+        vec![ADVANTAGES.spec()]
     }
     fn params(&self) -> Vec<ParamSpec> {
-        vec![ParamSpec::int("nan_at_step").default(-1)]
+        TestAdvantageParams::param_specs()
     }
     fn build(&self, params: &Params, _: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
-        let nan_at = params.get_i64("nan_at_step").unwrap_or(-1);
+        let nan_at = params.parse::<TestAdvantageParams>()?.nan_at_step;
         struct N(i64);
         impl Node for N {
             fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
-                let s = inputs.get_arc::<ScoreBatch>("scores")?;
+                let s = inputs.get_arc(SCORES)?;
                 let r = s.rollouts.clone();
                 let (b, t) = (r.len(), r.response_len());
                 let mask: Vec<f64> = r.response_mask.data.iter().map(|&x| x as f64).collect();
@@ -123,7 +128,7 @@ impl NodeKind for TestAdvantage {
                 }
                 let ret = a.returns.iter().map(|&x| x as f32).collect();
                 Ok(Outputs::new().with_opaque(
-                    "advantages",
+                    ADVANTAGES,
                     AdvantageBatch {
                         rollouts: r,
                         advantages: TokenMatrix::new(adv, b, t)?,
@@ -148,10 +153,7 @@ impl NodeKind for Capture {
         "capture"
     }
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![
-            PortSpec::new("rollouts", PortType::new(port_types::ROLLOUTS)),
-            PortSpec::new("log_probs", PortType::new(port_types::TOKEN_LOG_PROBS)).optional(),
-        ]
+        vec![ROLLOUTS.spec(), LOG_PROBS.spec().optional()]
     }
     fn outputs(&self) -> Vec<PortSpec> {
         vec![]
@@ -163,8 +165,8 @@ impl NodeKind for Capture {
         struct N(Captured);
         impl Node for N {
             fn run(&mut self, inputs: &Inputs, _: &mut StepContext) -> anyhow::Result<Outputs> {
-                let r = inputs.get_arc::<RolloutBatch>("rollouts")?;
-                let lp = inputs.get_opt::<TokenLogProbs>("log_probs")?.cloned();
+                let r = inputs.get_arc(ROLLOUTS)?;
+                let lp = inputs.get_opt(LOG_PROBS)?.cloned();
                 self.0.lock().unwrap().push((r, lp));
                 Ok(Outputs::new())
             }

@@ -21,14 +21,14 @@ mod common;
 use std::sync::Arc;
 
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Inputs, Node, Payload, Placement, PortType, Registry, Resources,
-    StepContext, Value, compile,
+    BuildContext, DeviceSpec, Inputs, Node, Payload, Placement, Registry, Resources, StepContext,
+    Value, ValueType, compile,
 };
 use flowrl_models::weights::Precision;
 use flowrl_nodes::RolloutBatch;
-use flowrl_nodes::micro_batches::{MicroBatching, row_tokens};
 use flowrl_nodes::model_resource::ModelResource;
-use flowrl_nodes::values::{AdvantageBatch, TokenLogProbs, TokenMatrix, TokenValues};
+use flowrl_nodes::train::micro_batches::{MicroBatching, row_tokens};
+use flowrl_nodes::values::{AdvantageBatch, TokenLogProbs, TokenMatrix, TokenValues, port_types};
 
 /// Serialises this file's tests (burn 0.21's autodiff, tracel-ai/burn#5573: see
 /// `chunked_backward.rs`).
@@ -170,8 +170,8 @@ impl Built {
     }
 }
 
-fn value<T: std::any::Any + Send + Sync>(ty: &'static str, v: Arc<T>) -> Value {
-    Value::new(PortType::new(ty), Payload::opaque_arc(v))
+fn value<T: std::any::Any + Send + Sync>(ty: ValueType<T>, v: Arc<T>) -> Value {
+    Value::new(ty.port_type(), Payload::opaque_arc(v))
 }
 
 /// The rollouts of step 0 under the tiny policy.
@@ -180,7 +180,7 @@ fn rollouts() -> Arc<RolloutBatch> {
     let data = b.run("data", Inputs::new("data"));
     let prompts: Arc<flowrl_nodes::PromptBatch> = data.out.get_arc("prompts").unwrap();
     let mut i = Inputs::new("rollout");
-    i.insert("prompts", value("Prompts", prompts));
+    i.insert("prompts", value(port_types::PROMPTS, prompts));
     b.run("rollout", i).out.get_arc("rollouts").unwrap()
 }
 
@@ -217,7 +217,7 @@ fn log_probs_of(
     rollouts: &Arc<RolloutBatch>,
 ) -> (Arc<TokenLogProbs>, Vec<String>) {
     let mut i = Inputs::new(node);
-    i.insert("rollouts", value("Rollouts", rollouts.clone()));
+    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
     let ran = b.run(node, i);
     (ran.out.get_arc("log_probs").unwrap(), ran.warnings)
 }
@@ -386,9 +386,12 @@ inputs = {{ rollouts = "rollout.rollouts" }}
         let (old, _) = log_probs_of(&mut b, "old", &rollouts);
         let inputs = |node: &str| {
             let mut i = Inputs::new(node);
-            i.insert("rollouts", value("Rollouts", rollouts.clone()));
-            i.insert("advantages", value("Advantages", adv.clone()));
-            i.insert("old_log_probs", value("TokenLogProbs", old.clone()));
+            i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+            i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
+            i.insert(
+                "old_log_probs",
+                value(port_types::TOKEN_LOG_PROBS, old.clone()),
+            );
             i
         };
         let rows = b.run("rows", inputs("rows"));
@@ -436,13 +439,13 @@ eps = 1.0
     let mut b = build(&graph(&nodes, true), true);
     let before = b.weights("a");
     let mut i = Inputs::new("values");
-    i.insert("rollouts", value("Rollouts", rollouts.clone()));
+    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
     let values: Arc<TokenValues> = b.run("values", i).out.get_arc("values").unwrap();
     let inputs = |node: &str| {
         let mut i = Inputs::new(node);
-        i.insert("rollouts", value("Rollouts", rollouts.clone()));
-        i.insert("values", value("Values", values.clone()));
-        i.insert("advantages", value("Advantages", adv.clone()));
+        i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+        i.insert("values", value(port_types::VALUES, values.clone()));
+        i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
         i
     };
     let rows = b.run("rows", inputs("rows"));

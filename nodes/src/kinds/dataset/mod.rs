@@ -1,0 +1,3 @@
+//! The `dataset.*` kinds: prompt sources.
+
+pub mod parquet;

@@ -1,0 +1,3 @@
+//! The `filter.*` kinds: they drop rows of a batch.
+
+pub mod groups;

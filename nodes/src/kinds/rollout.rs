@@ -1,0 +1,365 @@
+//! The `rollout` node kind: `n` sampled responses per prompt, generated in one batch with a KV
+//! cache (`flowrl_models::generate`), on the model's non-autodiff view (no gradient graph).
+//!
+//! Responses are prompt-major (prompt i's samples are rows `i·n .. i·n + n`, verl's
+//! `repeat(interleave=True)`) and share the prompt's uid (the GRPO group). The response mask is 1
+//! for every generated token, EOS included (verl keeps the EOS in the response). The batch is
+//! padded to the longest response of the step. The vision tokens (image, video) are suppressed
+//! during sampling (a response cannot carry vision features).
+//!
+//! Metrics (verl's names): `response_length/mean|max|min`, `response_length/clip_ratio` (share of
+//! responses cut at `max_new_tokens`), `prompt_length/mean|max`. Timing key: `gen`.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
+    Port, PortSpec, StepContext, ValidateCtx,
+};
+use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
+use flowrl_models::sampling::SamplingConfig;
+use serde::Deserialize;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::kinds::validate::{model_context_length, upstream_prompt_length};
+use crate::resources::model::ModelResource;
+use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
+use crate::runtime::data_parallel::{Replicas, shard};
+use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
+
+/// The `rollout` kind.
+pub struct RolloutKind;
+
+const PROMPTS: Port<PromptBatch> = Port::new("prompts", port_types::PROMPTS);
+const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
+
+/// Parameters of [`RolloutKind`] (verl's `actor_rollout_ref.rollout.*` names where they exist).
+#[derive(Debug, Clone, Deserialize, Params)]
+pub struct RolloutParams {
+    /// the policy to sample from
+    #[param(resource = "model", required)]
+    pub model: String,
+    /// responses per prompt (the GRPO group size)
+    #[param(default = 1, min = 1.0)]
+    pub n: usize,
+    /// argmax decoding instead of sampling
+    #[param(default = false)]
+    pub greedy: bool,
+    /// maximum response length in tokens (verl: response_length)
+    #[param(required, min = 1.0)]
+    pub max_new_tokens: usize,
+    /// sampling temperature
+    #[param(default = 1.0, gt = 0.0)]
+    pub temperature: f64,
+    /// nucleus mass; 1 = off
+    #[param(default = 1.0, gt = 0.0, max = 1.0)]
+    pub top_p: f64,
+    /// keep the k most likely tokens; -1 or 0 = off
+    #[param(default = -1, min = -1.0)]
+    pub top_k: i64,
+    /// extra stop tokens (each must be one token of the tokenizer), besides the model's EOS
+    #[serde(default)]
+    pub stop: Vec<String>,
+}
+
+impl RolloutParams {
+    /// The sampling part.
+    pub fn sampling(&self) -> SamplingConfig {
+        SamplingConfig {
+            greedy: self.greedy,
+            temperature: self.temperature as f32,
+            top_k: self.top_k.max(0) as usize,
+            top_p: self.top_p as f32,
+        }
+    }
+}
+
+/// Checks the context-length arithmetic of a generating node: prompt length + `max_new`, its
+/// `max_new_tokens`.
+pub fn validate_generation(ctx: &ValidateCtx, max_new: usize) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let Some((context, model_desc)) = model_context_length(ctx, "model") else {
+        return out;
+    };
+    let (prompt, prompt_desc) = upstream_prompt_length(ctx).unwrap_or((0, String::new()));
+    let total = prompt + max_new;
+    if total > context {
+        let msg = if prompt > 0 {
+            format!(
+                "{prompt_desc} {prompt} + max_new_tokens {max_new} = {total} exceeds the context of {model_desc}: {context} tokens"
+            )
+        } else {
+            format!(
+                "max_new_tokens {max_new} exceeds the context of {model_desc}: {context} tokens"
+            )
+        };
+        out.push(ctx.error("max_new_tokens", msg));
+    }
+    out
+}
+
+impl NodeKind for RolloutKind {
+    fn name(&self) -> &str {
+        "rollout"
+    }
+
+    fn doc(&self) -> &str {
+        "Samples `n` responses per prompt with a KV cache (temperature, top-p, top-k, EOS and stop \
+         tokens); responses of one prompt share its group uid. No gradients are tracked."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![PROMPTS.spec().doc("tokenized prompts")]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![
+            ROLLOUTS
+                .spec()
+                .doc("responses, masks, sampling log-probs, group uids"),
+        ]
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        RolloutParams::param_specs()
+    }
+
+    fn timing_key(&self) -> Option<&str> {
+        Some("gen")
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        match ctx.parse::<RolloutParams>() {
+            Ok(p) => validate_generation(ctx, p.max_new_tokens),
+            Err(d) => d,
+        }
+    }
+
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
+    fn capabilities(&self) -> Vec<flowrl_engine::Capability> {
+        vec![crate::kinds::validate::GENERATES_ROLLOUTS]
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: RolloutParams = params.parse()?;
+        p.sampling().validate()?;
+        let model = ctx.resource::<ModelResource>(&p.model)?;
+        let stop_ids = stop_token_ids(&model, &p.stop)?;
+        Ok(Box::new(RolloutNode {
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
+            params: p,
+            model,
+            stop_ids,
+        }))
+    }
+}
+
+/// Token ids of stop strings (each must be a single token).
+pub fn stop_token_ids(model: &ModelResource, stop: &[String]) -> Result<Vec<u32>> {
+    if stop.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tok = model.tokenizer()?;
+    stop.iter()
+        .map(|s| {
+            tok.token_to_id(s).with_context(|| {
+                format!(
+                    "stop token `{s}` is not a single token of the tokenizer of model `{}`",
+                    model.name
+                )
+            })
+        })
+        .collect()
+}
+
+struct RolloutNode {
+    replicas: Replicas,
+    params: RolloutParams,
+    model: Arc<ModelResource>,
+    stop_ids: Vec<u32>,
+}
+
+impl Node for RolloutNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        let prompts = inputs.get_arc(PROMPTS)?;
+        let rollouts = sample_rollouts(
+            &self.model,
+            &prompts,
+            &self.params,
+            &self.stop_ids,
+            &self.replicas,
+            ctx,
+        )?;
+        record_length_metrics(&rollouts, self.params.max_new_tokens, ctx);
+        Ok(Outputs::new().with(ROLLOUTS, rollouts))
+    }
+}
+
+/// Generates `params.n` responses per prompt (see the module doc), the prompts split over
+/// `replicas` ([`crate::runtime::data_parallel`]): [`sample_rollouts_seeded`] with one draw of the step's
+/// RNG as the base seed.
+pub fn sample_rollouts(
+    model: &ModelResource,
+    prompts: &Arc<PromptBatch>,
+    params: &RolloutParams,
+    stop_ids: &[u32],
+    replicas: &Replicas,
+    ctx: &mut StepContext,
+) -> Result<RolloutBatch> {
+    let base_seed: u64 = ctx.rng().random();
+    sample_rollouts_seeded(model, prompts, params, stop_ids, replicas, base_seed)
+}
+
+/// [`sample_rollouts`] outside a graph step (`flowrl generate`): response `r` (prompt `r / n`,
+/// sample `r % n`) draws from its own RNG, seeded from `base_seed` and `r`, so the responses do
+/// not depend on how the batch is split. Greedy decoding draws nothing.
+pub fn sample_rollouts_seeded(
+    model: &ModelResource,
+    prompts: &Arc<PromptBatch>,
+    params: &RolloutParams,
+    stop_ids: &[u32],
+    replicas: &Replicas,
+    base_seed: u64,
+) -> Result<RolloutBatch> {
+    ensure!(!prompts.is_empty(), "the prompt batch is empty");
+    on_backend!(model.backend(), B => {
+        sample_on::<B>(model, prompts, params, stop_ids, replicas, base_seed)
+    })
+}
+
+/// [`sample_rollouts_seeded`] on the model's backend `B`.
+fn sample_on<B: FlowBackend>(
+    model: &ModelResource,
+    prompts: &Arc<PromptBatch>,
+    params: &RolloutParams,
+    stop_ids: &[u32],
+    replicas: &Replicas,
+    base_seed: u64,
+) -> Result<RolloutBatch> {
+    let n = params.n;
+    let tokenizer = model.tokenizer()?.clone();
+    let infer = model.inference_model::<B>()?;
+    let suppress = ModelParts::of(&infer)
+        .vision
+        .map(|v| v.vision_token_ids())
+        .unwrap_or_default();
+    let config = GenerationConfig {
+        max_new_tokens: params.max_new_tokens,
+        sampling: params.sampling(),
+        stop_token_ids: stop_ids.to_vec(),
+        pad_token_id: prompts.pad_token_id,
+        suppress_token_ids: suppress,
+    };
+    let b = prompts.len() * n;
+    // A gathered row: [length, stopped, tokens (max_new_tokens), log-probs (max_new_tokens)];
+    // token ids are exact in f32 below 2^24.
+    let max_new = params.max_new_tokens;
+    let width = 2 + 2 * max_new;
+    let gathered = replicas.run(|r| {
+        let (infer, device) = replica_copy::<B>(&infer, r.device)?;
+        let parts = ModelParts::of(&infer);
+        let mut rows = Vec::new();
+        let mut inputs = Vec::new();
+        let mut rngs = Vec::new();
+        for i in shard(prompts.len(), r.world, r.index) {
+            let p = &prompts.prompts[i];
+            for j in 0..n {
+                rows.push(i * n + j);
+                inputs.push(PromptInput {
+                    ids: &p.input_ids,
+                    images: &p.images,
+                });
+                rngs.push(StdRng::seed_from_u64(row_seed(base_seed, i * n + j)));
+            }
+        }
+        let generation = generate(&parts, &inputs, &config, &mut rngs, &device)?;
+        let encoded = rows.iter().enumerate().map(|(k, &row)| {
+            let mut v = vec![0.0f32; width];
+            let tokens = &generation.tokens[k];
+            v[0] = tokens.len() as f32;
+            v[1] = f32::from(u8::from(generation.stopped[k]));
+            for (t, &id) in tokens.iter().enumerate() {
+                v[2 + t] = id as f32;
+            }
+            v[2 + max_new..2 + max_new + tokens.len()].copy_from_slice(&generation.log_probs[k]);
+            (row, v)
+        });
+        r.gather_rows(b, width, encoded)
+    })?;
+    let all = &gathered[0];
+
+    let mut tokens = Vec::with_capacity(b);
+    let mut log_probs = Vec::with_capacity(b);
+    let mut stopped = Vec::with_capacity(b);
+    for r in 0..b {
+        let v = &all[r * width..(r + 1) * width];
+        let len = v[0] as usize;
+        tokens.push(
+            v[2..2 + len]
+                .iter()
+                .map(|&x| x as u32)
+                .collect::<Vec<u32>>(),
+        );
+        log_probs.push(&v[2 + max_new..2 + max_new + len]);
+        stopped.push(v[1] > 0.5);
+    }
+    let t = tokens.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut mask = TokenMatrix::zeros(b, t);
+    let mut logps = TokenMatrix::zeros(b, t);
+    let mut texts = Vec::with_capacity(b);
+    for r in 0..b {
+        let len = tokens[r].len();
+        mask.row_mut(r)[..len].fill(1.0);
+        logps.row_mut(r)[..len].copy_from_slice(log_probs[r]);
+        texts.push(
+            tokenizer
+                .decode(&tokens[r], true)
+                .map_err(|e| anyhow::anyhow!("decoding response {r}: {e}"))?,
+        );
+    }
+    let prompt_index = (0..b).map(|r| r / n).collect();
+    let rollouts = RolloutBatch::for_prompts(
+        prompts.clone(),
+        prompt_index,
+        tokens,
+        mask,
+        logps,
+        texts,
+        stopped.iter().map(|s| !s).collect(),
+    );
+    rollouts.check()?;
+    Ok(rollouts)
+}
+
+/// The seed of response `row`'s RNG in a step whose RNG drew `base`.
+fn row_seed(base: u64, row: usize) -> u64 {
+    flowrl_engine::derive_seed(base, row as u64, "rollout.row")
+}
+
+/// verl's response/prompt length metrics.
+pub fn record_length_metrics(r: &RolloutBatch, max_new_tokens: usize, ctx: &mut StepContext) {
+    let lens = r.response_lengths();
+    if lens.is_empty() {
+        return;
+    }
+    let b = lens.len() as f64;
+    ctx.metric(
+        "response_length/mean",
+        lens.iter().sum::<usize>() as f64 / b,
+    );
+    ctx.metric("response_length/max", *lens.iter().max().unwrap() as f64);
+    ctx.metric("response_length/min", *lens.iter().min().unwrap() as f64);
+    let clipped = lens.iter().filter(|&&l| l >= max_new_tokens).count();
+    ctx.metric("response_length/clip_ratio", clipped as f64 / b);
+    let plens: Vec<usize> = r.prompt_ids.iter().map(Vec::len).collect();
+    ctx.metric("prompt_length/mean", plens.iter().sum::<usize>() as f64 / b);
+    ctx.metric("prompt_length/max", *plens.iter().max().unwrap() as f64);
+}
+
+flowrl_engine::register_node_kind!(RolloutKind);

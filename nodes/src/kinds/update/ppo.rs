@@ -1,0 +1,700 @@
+//! The `update.ppo` node kind: verl's actor update (`dp_actor.update_policy`).
+//!
+//! For each of `ppo_epochs` epochs, the batch is split in order into mini-batches of
+//! `mini_batch_size` prompts (× the rollout's `n` responses); each mini-batch is one optimizer
+//! step, its gradient accumulated over micro-batches of `micro_batch_size` responses, or of at
+//! most `max_tokens_per_micro_batch` prompt + response tokens (verl `use_dynamic_bsz` +
+//! `ppo_max_token_len_per_gpu`: rows packed by length, balanced; [`crate::train::micro_batches`]). The
+//! loss of a micro-batch is
+//!
+//! ```text
+//! L = pg_loss − entropy_coeff · agg(entropy) + kl.coef · agg(kl(logπ, logπ_ref))
+//! ```
+//!
+//! (`flowrl_algorithms::compute_policy_loss`, `kl_penalty`, `agg_loss`), with `agg` normalised
+//! over the **whole mini-batch** (`GlobalBatchInfo`: its valid-token count for `token-mean`, its
+//! response count for the `seq-mean-*` modes), so the summed micro-batch gradients equal the
+//! gradient of the mini-batch loss whatever the micro-batch size or token budget. After the last micro-batch:
+//! global-norm clipping (`grad_clip`), then AdamW at the scheduled learning rate — or, when the
+//! loss or the gradient norm is not finite, the step is skipped and counted
+//! (`actor/skipped_steps`).
+//!
+//! `pg_loss` is the loss that `policy_loss` names by its verl registry name
+//! (`actor.policy_loss.loss_mode`; default `vanilla`, PPO-clip), with verl's option names and
+//! defaults (`clip_ratio*`, `tau_pos`, `tau_neg`, `clip_cov_*`, `kl_cov_ratio`, `ppo_kl_coef`,
+//! `dro_beta`) and verl's semantics, including what a loss ignores: gspo and sapo always
+//! aggregate `seq-mean-token-mean`, geo_mean averages over the micro-batch's sequences (no mode,
+//! no mini-batch normalisation: the mini-batch loss is the sum of its micro-batch means, as in
+//! verl). Validation warns about each option the graph sets that the chosen loss ignores.
+//! clip_cov's random subset of tokens is drawn from a stream derived from (run seed, step, node,
+//! epoch, mini-batch, micro-batch).
+//!
+//! `old_log_probs` is optional: when it is not wired, the update is on-policy and the old
+//! log-probs are the current ones, detached (valid only with one epoch over one mini-batch;
+//! checked). `ref_log_probs` is required by the KL loss.
+//!
+//! Metrics: `actor/pg_loss` and `actor/kl_loss` (mini-batch losses, mean over mini-batches),
+//! `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`, `actor/ppo_kl` (those the loss reports, see
+//! `PolicyLossMode::metric_keys`), `actor/entropy` (means over micro-batches), `actor/grad_norm`
+//! (mean over applied steps), `actor/lr`, `actor/kl_coef`, `actor/skipped_steps`. Autodiff
+//! graphs live only inside one micro-batch. Timing key `update_actor`.
+//!
+//! Critic warm-up (verl `trainer.critic_warmup`, default 0): verl updates the actor at step s
+//! (counted from 1) only when `critic_warmup <= s`, so `critic_warmup = N` skips the actor update
+//! — and its metrics — on the first N − 1 steps while `update.critic` trains the value model;
+//! `done` then carries the unchanged counters. Validation warns that `critic_warmup = 1` skips
+//! nothing. The learning-rate schedule keeps following the run's step (verl's actor scheduler
+//! does not advance while skipped; the two differ only with a warm-up or decay schedule).
+//!
+//! Each micro-batch's gradient comes from the two-stage backward of
+//! [`crate::train::sequences::chunked_loss_backward`]: the log-probs and entropies as values (every
+//! metric and the finite-loss check use them), the loss's gradient with respect to them ([`PpoLoss`]),
+//! then one LM-head chunk's logits at a time recomputed and differentiated, and one trunk
+//! backward; exactly the gradient of the loss through one graph, without ever holding the
+//! `[B, T, V]` logits.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail, ensure};
+use burn::optim::GradientsAccumulator;
+use burn::prelude::Tensor;
+use flowrl_algorithms::{
+    ClipConfig, ClipCovConfig, GlobalBatchInfo, KlCovConfig, KlEstimator, LossAggMode,
+    LossAggregation, PolicyLossConfig, PolicyLossMode, masked_mean,
+};
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
+    Port, PortSpec, StepContext, ValidateCtx, derive_seed,
+};
+use flowrl_models::lora::DropoutScope;
+use flowrl_models::weights::Precision;
+use serde::Deserialize;
+
+use crate::kinds::update::ppo_loss::PpoLoss;
+use crate::kinds::update::support::{
+    ADVANTAGES, DONE, ROLLOUTS, done_output, mean, mini_batch_diagnostics, skipped_and_means,
+    split_batches, trainable_model,
+};
+use crate::kinds::validate::upstream_batch_size;
+use crate::resources::model::ModelResource;
+use crate::runtime::backend::{FlowBackend, device_of, on_backend};
+use crate::runtime::data_parallel::Replicas;
+use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
+use crate::train::optim::LrSchedule;
+use crate::train::sequences::SequenceBatch;
+use crate::train::{
+    OptimParams, PartialStep, global_batch_info, guarded_step, replicated_grads, rows_tensor,
+    scalar,
+};
+use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
+
+/// The `update.ppo` kind.
+pub struct PpoUpdateKind;
+
+const OLD_LOG_PROBS: Port<TokenLogProbs> = Port::new("old_log_probs", port_types::TOKEN_LOG_PROBS);
+const REF_LOG_PROBS: Port<TokenLogProbs> = Port::new("ref_log_probs", port_types::TOKEN_LOG_PROBS);
+
+/// The KL estimators by verl's names (`kl_loss_type`), as `kl.estimator` accepts them.
+const KL_ESTIMATORS: &[&str] = &[
+    "kl",
+    "k1",
+    "abs",
+    "mse",
+    "k2",
+    "low_var_kl",
+    "k3",
+    "kl+",
+    "k1+",
+    "abs+",
+    "mse+",
+    "k2+",
+    "low_var_kl+",
+    "k3+",
+];
+
+#[derive(Debug, Clone, Copy, Deserialize, Params)]
+struct KlParams {
+    /// KL estimator (verl kl_loss_type)
+    #[serde(deserialize_with = "flowrl_engine::params::by_name")]
+    #[param(one_of = KL_ESTIMATORS, default = "low_var_kl")]
+    estimator: KlEstimator,
+    /// KL loss coefficient (verl kl_loss_coef)
+    #[param(default = 0.001, min = 0.0)]
+    coef: f64,
+}
+
+#[derive(Debug, Clone, Deserialize, Params)]
+struct PpoParams {
+    /// the policy to train
+    #[param(resource = "model", required)]
+    model: String,
+    /// prompts per optimizer step (verl ppo_mini_batch_size); default: the whole batch
+    #[param(min = 1.0)]
+    mini_batch_size: Option<usize>,
+    #[serde(flatten)]
+    #[param(specs = micro_batches::param_specs(
+        None,
+        "responses per forward/backward (verl ppo_micro_batch_size_per_gpu); default: the mini-batch",
+    ))]
+    micro: MicroBatchParams,
+    /// passes over the batch
+    #[param(default = 1, min = 1.0)]
+    ppo_epochs: usize,
+    /// policy loss by verl's name (actor.policy_loss.loss_mode; vanilla = PPO-clip with dual
+    /// clip); the options below say which losses read them, and `flowrl validate` warns about a
+    /// set option the loss ignores
+    #[serde(deserialize_with = "flowrl_engine::params::by_name")]
+    #[param(one_of = &PolicyLossMode::ALL.map(|(_, n)| n), default = "vanilla")]
+    policy_loss: PolicyLossMode,
+    /// ε: bounds the ratio (vanilla, gspo, clip_cov, cispo), the probability difference or
+    /// binary KL (dppo_*), the log-ratio (geo_mean)
+    #[param(default = 0.2, min = 0.0)]
+    clip_ratio: f64,
+    /// lower ε (default clip_ratio)
+    #[param(min = 0.0)]
+    clip_ratio_low: Option<f64>,
+    /// upper ε (default clip_ratio; > low is clip-higher)
+    #[param(min = 0.0)]
+    clip_ratio_high: Option<f64>,
+    /// dual-clip constant (vanilla); importance-ratio truncation (dppo_*)
+    #[param(default = 3.0, gt = 1.0)]
+    clip_ratio_c: f64,
+    /// sapo: gate temperature where A > 0
+    #[param(default = 1.0, gt = 0.0)]
+    tau_pos: f64,
+    /// sapo: gate temperature where A <= 0
+    #[param(default = 1.05, gt = 0.0)]
+    tau_neg: f64,
+    /// clip_cov: at most this fraction of the tokens is detached
+    #[param(default = 0.0002, gt = 0.0)]
+    clip_cov_ratio: f64,
+    /// clip_cov: a detached token's covariance is above this
+    #[param(default = 1.0)]
+    clip_cov_lb: f64,
+    /// clip_cov: a detached token's covariance is below this
+    #[param(default = 5.0)]
+    clip_cov_ub: f64,
+    /// kl_cov: fraction of the tokens (largest covariance) that get the KL penalty
+    #[param(default = 0.0002, gt = 0.0, max = 1.0)]
+    kl_cov_ratio: f64,
+    /// kl_cov: coefficient of the |log-ratio| penalty
+    #[param(default = 0.1)]
+    ppo_kl_coef: f64,
+    /// dro: β of the ½·β·δ² penalty (required by dro)
+    #[param(gt = 0.0)]
+    dro_beta: Option<f64>,
+    /// loss aggregation (verl loss_agg_mode; gspo and sapo aggregate their policy loss
+    /// seq-mean-token-mean, geo_mean per sequence, whatever it says)
+    #[serde(deserialize_with = "flowrl_engine::params::by_name")]
+    #[param(one_of = &LossAggMode::ALL.map(|(_, n)| n), default = "token-mean")]
+    loss_agg_mode: LossAggMode,
+    /// KL loss against `ref_log_probs` (verl use_kl_loss; absent = no KL loss)
+    #[param(switch)]
+    kl: Option<KlParams>,
+    /// entropy bonus coefficient
+    #[param(default = 0.0)]
+    entropy_coeff: f64,
+    /// logits are divided by it (use the rollout's)
+    #[param(default = 1.0, gt = 0.0)]
+    temperature: f64,
+    /// response positions per LM-head block
+    #[param(default = 16, min = 1.0)]
+    chunk: usize,
+    /// verl trainer.critic_warmup: the actor is updated at step s (from 1) only when
+    /// critic_warmup <= s, so N skips the first N − 1 updates while the critic trains
+    #[param(default = 0, min = 0.0)]
+    critic_warmup: u64,
+    #[serde(flatten)]
+    optim: OptimParams,
+}
+
+impl NodeKind for PpoUpdateKind {
+    fn name(&self) -> &str {
+        "update.ppo"
+    }
+
+    fn doc(&self) -> &str {
+        "PPO/GRPO policy update (verl's actor): a policy loss of verl's registry (`policy_loss`, \
+         default PPO-clip) + optional KL loss + optional entropy bonus; mini-batches × epochs × \
+         micro-batches with gradient accumulation normalised over the mini-batch; global-norm \
+         clipping; AdamW with warm-up; non-finite steps skipped."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![
+            ROLLOUTS.spec(),
+            ADVANTAGES.spec(),
+            OLD_LOG_PROBS
+                .spec()
+                .optional()
+                .doc("log-probs before the update; unwired = on-policy (current, detached)"),
+            REF_LOG_PROBS
+                .spec()
+                .optional()
+                .doc("reference log-probs, required by `kl`"),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        done_output("the update counters; wire into `eval.after` to evaluate the updated weights")
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        PpoParams::param_specs()
+    }
+
+    fn timing_key(&self) -> Option<&str> {
+        Some("update_actor")
+    }
+
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let p = match ctx.parse::<PpoParams>() {
+            Ok(p) => p,
+            Err(d) => return d,
+        };
+        let mut out = loss_diagnostics(ctx, &p);
+        if p.kl.is_some() && ctx.input(REF_LOG_PROBS.name()).is_none() {
+            out.push(ctx.error(
+                "kl",
+                "the KL loss needs the reference log-probs: wire `ref_log_probs` (a `logprob` node on the reference model)",
+            ));
+        }
+        let batch = upstream_batch_size(ctx);
+        let mini = p.mini_batch_size;
+        out.extend(mini_batch_diagnostics(ctx, mini, p.micro.micro_batch_size));
+        out.extend(micro_batches::diagnostics(ctx));
+        if ctx.is_set("critic_warmup") && p.critic_warmup == 1 {
+            out.push(ctx.warning(
+                "critic_warmup",
+                "critic_warmup = 1 skips no actor update: as in verl, the actor is updated at step s (counted from 1) when critic_warmup <= s; N skips the first N − 1 steps",
+            ));
+        }
+        if ctx.input(OLD_LOG_PROBS.name()).is_none() {
+            let several_minis = matches!((&batch, mini), (Some((b, _)), Some(m)) if m < *b)
+                || (batch.is_none() && mini.is_some());
+            if p.ppo_epochs > 1 || several_minis {
+                out.push(ctx.error(
+                    "ppo_epochs",
+                    "without `old_log_probs` the update is on-policy, which needs ppo_epochs = 1 and one mini-batch per step; wire `old_log_probs` from a `logprob` node",
+                ));
+            }
+        }
+        out
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: PpoParams = params.parse()?;
+        let model = trainable_model(ctx, &p.model)?;
+        let policy = PolicyLossConfig {
+            loss_mode: p.policy_loss,
+            clip: ClipConfig {
+                clip_ratio: p.clip_ratio,
+                clip_ratio_low: p.clip_ratio_low,
+                clip_ratio_high: p.clip_ratio_high,
+                clip_ratio_c: p.clip_ratio_c,
+            },
+            tau_pos: p.tau_pos,
+            tau_neg: p.tau_neg,
+            clip_cov: ClipCovConfig {
+                ratio: p.clip_cov_ratio,
+                lb: p.clip_cov_lb,
+                ub: p.clip_cov_ub,
+            },
+            kl_cov: KlCovConfig {
+                ratio: p.kl_cov_ratio,
+                coef: p.ppo_kl_coef,
+            },
+            dro_beta: p.dro_beta,
+        };
+        policy.validate()?;
+        let mode = p.loss_agg_mode;
+        let kl = p.kl.map(|k| (k.estimator, k.coef));
+        let schedule = p.optim.schedule(ctx.total_steps);
+        p.optim.adamw()?;
+        let entropy_coeff = p.entropy_coeff;
+        Ok(Box::new(PpoUpdateNode {
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
+            p,
+            model,
+            loss: PpoLoss {
+                policy,
+                mode,
+                entropy_coeff,
+                kl,
+            },
+            schedule,
+        }))
+    }
+}
+
+struct PpoUpdateNode {
+    replicas: Replicas,
+    p: PpoParams,
+    model: Arc<ModelResource>,
+    /// The loss settings (from `p`, parsed once).
+    loss: PpoLoss,
+    schedule: LrSchedule,
+}
+
+/// The metrics of one step: per-micro-batch sums with their count, per-mini-batch losses,
+/// per-applied-step gradient norms.
+#[derive(Default)]
+struct Sums {
+    pg_loss: Vec<f64>,
+    kl_loss: Vec<f64>,
+    micro: MicroSums,
+    grad_norm: Vec<f64>,
+    skipped: u64,
+}
+
+/// Sums over micro-batches (added up over replicas by the all-reduce): the mini-batch's policy
+/// and KL losses (each micro-batch's share of the globally normalised loss) and the sums of the
+/// per-micro-batch metrics, with the micro-batch count.
+#[derive(Default, Clone, Copy)]
+struct MicroSums {
+    pg_loss: f64,
+    kl_loss: f64,
+    clipfrac: f64,
+    clipfrac_lower: f64,
+    ppo_kl: f64,
+    entropy: f64,
+    count: f64,
+}
+
+impl MicroSums {
+    fn to_vec(self) -> Vec<f64> {
+        vec![
+            self.pg_loss,
+            self.kl_loss,
+            self.clipfrac,
+            self.clipfrac_lower,
+            self.ppo_kl,
+            self.entropy,
+            self.count,
+        ]
+    }
+
+    fn from_slice(v: &[f64]) -> Result<Self> {
+        ensure!(
+            v.len() == 7,
+            "expected 7 update statistics, got {}",
+            v.len()
+        );
+        Ok(MicroSums {
+            pg_loss: v[0],
+            kl_loss: v[1],
+            clipfrac: v[2],
+            clipfrac_lower: v[3],
+            ppo_kl: v[4],
+            entropy: v[5],
+            count: v[6],
+        })
+    }
+
+    fn add(&mut self, o: &MicroSums) {
+        self.clipfrac += o.clipfrac;
+        self.clipfrac_lower += o.clipfrac_lower;
+        self.ppo_kl += o.ppo_kl;
+        self.entropy += o.entropy;
+        self.count += o.count;
+    }
+}
+
+impl Node for PpoUpdateNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        if ctx.step() + 1 < self.p.critic_warmup {
+            // Critic warm-up (see the module doc): no actor update, unchanged counters.
+            let counters = on_backend!(self.model.backend(), B => {
+                self.model.lock::<B>()?.counters
+            });
+            return Ok(Outputs::new().with(DONE, ModelUpdate::from(counters)));
+        }
+        let rollouts = inputs.get_arc(ROLLOUTS)?;
+        let adv = inputs.get_arc(ADVANTAGES)?;
+        let old = inputs.get_opt(OLD_LOG_PROBS)?;
+        let reference = inputs.get_opt(REF_LOG_PROBS)?;
+        let shape = rollouts.response_mask.shape();
+        ensure!(
+            adv.advantages.shape() == shape,
+            "advantages {:?} do not match the rollouts {:?}",
+            adv.advantages.shape(),
+            shape
+        );
+        for (name, lp) in [("old_log_probs", old), ("ref_log_probs", reference)] {
+            if let Some(lp) = lp {
+                ensure!(
+                    lp.log_probs.shape() == shape,
+                    "{name} {:?} do not match the rollouts {:?}",
+                    lp.log_probs.shape(),
+                    shape
+                );
+            }
+        }
+        if self.loss.kl.is_some() && reference.is_none() {
+            bail!("the KL loss needs `ref_log_probs`");
+        }
+
+        let (mini_rows, micro) =
+            split_batches(self.p.mini_batch_size, &self.p.micro, &rollouts, ctx)?;
+        if old.is_none() && (self.p.ppo_epochs > 1 || mini_rows < rollouts.len()) {
+            bail!("without `old_log_probs` the update must be one epoch over one mini-batch");
+        }
+        on_backend!(self.model.backend(), B => {
+            self.update::<B>(&rollouts, &adv, old, reference, mini_rows, micro, ctx)
+        })
+    }
+}
+
+impl PpoUpdateNode {
+    /// The epochs of mini-batch steps over `rollouts`, on the model's backend `B`, and the
+    /// step's metrics.
+    #[allow(clippy::too_many_arguments)]
+    fn update<B: FlowBackend>(
+        &self,
+        rollouts: &RolloutBatch,
+        adv: &AdvantageBatch,
+        old: Option<&TokenLogProbs>,
+        reference: Option<&TokenLogProbs>,
+        mini_rows: usize,
+        micro: MicroBatching,
+        ctx: &mut StepContext,
+    ) -> Result<Outputs> {
+        let b = rollouts.len();
+        let lr = self.schedule.lr(ctx.step());
+        let adamw = self.p.optim.adamw()?;
+        let mut sums = Sums::default();
+        let mut state = self.model.lock::<B>()?;
+        let precision = state.precision;
+        let rows: Vec<usize> = (0..b).collect();
+        let world = self.replicas.world();
+        let dropout_base = ctx.derive_seed("lora.dropout");
+        let loss_base = ctx.derive_seed("policy_loss");
+        for epoch in 0..self.p.ppo_epochs {
+            for (k, mini) in rows.chunks(mini_rows).enumerate() {
+                let info = global_batch_info(rollouts, mini, &self.replicas);
+                let mini_seed = derive_seed(dropout_base, (epoch * b + k) as u64, "mini-batch");
+                let loss_seed = derive_seed(loss_base, (epoch * b + k) as u64, "mini-batch");
+                let step = replicated_grads(&self.replicas, &state.model, mini, |model, mine| {
+                    // LoRA dropout masks: one stream per (step, epoch, mini-batch, replica shard).
+                    let first = mine.first().map_or(u64::MAX, |&r| r as u64);
+                    let _scope = DropoutScope::enter(derive_seed(mini_seed, first, "rows"));
+                    self.mini_batch_grads(
+                        model, precision, rollouts, adv, old, reference, &info, mine, micro,
+                        loss_seed,
+                    )
+                })
+                .with_context(|| format!("update `{}`", ctx.node_name()))?;
+                let m = MicroSums::from_slice(&step.stats)?;
+                sums.micro.add(&m);
+                if step.grads.is_some() {
+                    // The losses carry the factor W (dp_size); their replica sum is W × the loss.
+                    sums.pg_loss.push(m.pg_loss / world as f64);
+                    if self.loss.kl.is_some() {
+                        sums.kl_loss.push(m.kl_loss / world as f64);
+                    }
+                }
+                let outcome = guarded_step(&mut state, &self.p.optim, adamw, step.grads, lr);
+                if outcome.applied {
+                    sums.grad_norm.push(outcome.grad_norm);
+                } else {
+                    sums.skipped += 1;
+                }
+            }
+        }
+        let done = ModelUpdate::from(state.counters);
+        drop(state);
+        skipped_and_means(
+            ctx,
+            "optimizer",
+            sums.skipped,
+            [
+                ("actor/pg_loss", &sums.pg_loss),
+                ("actor/grad_norm", &sums.grad_norm),
+            ],
+        );
+        let m = &sums.micro;
+        if m.count > 0.0 {
+            let reported = self.loss.policy.loss_mode.metric_keys();
+            for (name, v) in [
+                ("actor/pg_clipfrac", m.clipfrac),
+                ("actor/pg_clipfrac_lower", m.clipfrac_lower),
+                ("actor/ppo_kl", m.ppo_kl),
+                ("actor/entropy", m.entropy),
+            ] {
+                if name == "actor/entropy" || reported.contains(&name) {
+                    ctx.metric(name, v / m.count);
+                }
+            }
+        }
+        if let Some((_, coef)) = self.loss.kl {
+            if let Some(m) = mean(&sums.kl_loss) {
+                ctx.metric("actor/kl_loss", m);
+            }
+            ctx.metric("actor/kl_coef", coef);
+        }
+        ctx.metric("actor/lr", lr);
+        ctx.metric("actor/skipped_steps", sums.skipped as f64);
+        Ok(Outputs::new().with(DONE, done))
+    }
+
+    /// One replica's accumulated gradients over its rows `mine` of a mini-batch (`None` when a
+    /// micro-batch loss is not finite), with its [`MicroSums`]. The loss is normalised by the
+    /// mini-batch's `info` (its token and row counts, scaled by the replica count); `loss_seed`
+    /// seeds the loss's random draws (clip_cov), per micro-batch by its first row.
+    #[allow(clippy::too_many_arguments)]
+    fn mini_batch_grads<B: FlowBackend>(
+        &self,
+        model: &flowrl_models::Model<B>,
+        precision: Precision,
+        rollouts: &RolloutBatch,
+        adv: &AdvantageBatch,
+        old: Option<&TokenLogProbs>,
+        reference: Option<&TokenLogProbs>,
+        info: &GlobalBatchInfo,
+        mine: &[usize],
+        micro: MicroBatching,
+        loss_seed: u64,
+    ) -> Result<PartialStep> {
+        let device = device_of(model);
+        let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
+        let mut sums = MicroSums::default();
+        let mut finite = true;
+        let loss = self.loss;
+        for micro in micro.split(rollouts, mine) {
+            let micro = micro.as_slice();
+            let seq = SequenceBatch::new(rollouts, micro)?;
+            let mask = seq.mask_tensor::<B>(&device);
+            // Two-stage backward on one view of the weights in `precision` (a fresh one per
+            // micro-batch: a backward consumes the graph of the casts); the gradients land on
+            // `model`'s weights and at most one LM-head chunk of logits is alive at a time.
+            let out = seq.loss_gradients(
+                model,
+                precision,
+                self.p.temperature,
+                self.p.chunk,
+                &device,
+                |log_probs, entropy| {
+                    let old_lp = match old {
+                        Some(o) => rows_tensor::<B>(&o.log_probs, micro, &device),
+                        // On-policy: the current log-probs as a constant (`detach` of the leaf
+                        // would keep it a leaf).
+                        None => Tensor::from_inner(log_probs.clone().inner()),
+                    };
+                    let parts = loss.terms(
+                        log_probs,
+                        entropy,
+                        old_lp,
+                        rows_tensor::<B>(&adv.advantages, micro, &device),
+                        mask.clone(),
+                        reference.map(|r| rows_tensor::<B>(&r.log_probs, micro, &device)),
+                        info,
+                        derive_seed(loss_seed, micro[0] as u64, "rows"),
+                    )?;
+                    if let Some(kl_loss) = &parts.kl_loss {
+                        sums.kl_loss += scalar(kl_loss.clone().detach());
+                    }
+                    sums.pg_loss += scalar(parts.policy.pg_loss.clone().detach());
+                    let metric = |m: Option<Tensor<B, 1>>| m.map_or(0.0, scalar);
+                    sums.clipfrac += metric(parts.policy.pg_clipfrac);
+                    sums.clipfrac_lower += metric(parts.policy.pg_clipfrac_lower);
+                    sums.ppo_kl += metric(parts.policy.ppo_kl);
+                    Ok(parts.loss)
+                },
+            )?;
+            sums.entropy += scalar(masked_mean(out.values.entropy, mask));
+            sums.count += 1.0;
+            if !out.loss.is_finite() {
+                finite = false;
+                break;
+            }
+            if let Some(grads) = out.grads {
+                acc.accumulate::<B>(model, grads);
+            }
+        }
+        Ok(PartialStep {
+            grads: finite.then(|| acc.grads()),
+            stats: sums.to_vec(),
+        })
+    }
+}
+
+/// The policy loss's diagnostics: a warning for each option the graph sets that the chosen loss
+/// ignores (as verl ignores it), and DRO's required `dro_beta`.
+fn loss_diagnostics(ctx: &ValidateCtx, p: &PpoParams) -> Vec<Diagnostic> {
+    let loss = p.policy_loss;
+    let mut out = Vec::new();
+    let reads = loss.reads();
+    // Every option of any loss, in declaration order.
+    let mut options: Vec<&str> = Vec::new();
+    for (mode, _) in PolicyLossMode::ALL {
+        for key in mode.reads() {
+            if !options.contains(key) {
+                options.push(key);
+            }
+        }
+    }
+    for key in options {
+        if ctx.is_set(key) && !reads.contains(&key) {
+            let used = if reads.is_empty() {
+                "it reads none of the loss options".to_string()
+            } else {
+                format!("it reads {}", reads.join(", "))
+            };
+            out.push(ctx.warning(
+                key,
+                format!("`{key}` has no effect with policy_loss = \"{loss}\" ({used})"),
+            ));
+        }
+    }
+    let other_terms = p.kl.is_some() || p.entropy_coeff != 0.0;
+    let scope = if other_terms {
+        "; it still applies to the KL and entropy terms"
+    } else {
+        ""
+    };
+    match loss.aggregation() {
+        LossAggregation::Fixed(fixed) if ctx.is_set("loss_agg_mode") => {
+            out.push(ctx.warning(
+                "loss_agg_mode",
+                format!(
+                    "policy_loss = \"{loss}\" always aggregates its policy loss with {fixed} (as in verl), whatever `loss_agg_mode` says{scope}"
+                ),
+            ));
+        }
+        LossAggregation::RowMean => {
+            if ctx.is_set("loss_agg_mode") {
+                out.push(ctx.warning(
+                    "loss_agg_mode",
+                    format!(
+                        "policy_loss = \"{loss}\" averages its policy loss over the sequences of each micro-batch (as in verl), whatever `loss_agg_mode` says{scope}"
+                    ),
+                ));
+            }
+            if let Some(key) = ["micro_batch_size", "max_tokens_per_micro_batch"]
+                .into_iter()
+                .find(|k| ctx.is_set(k))
+            {
+                out.push(ctx.warning(
+                    key,
+                    format!(
+                        "policy_loss = \"{loss}\" ignores the mini-batch normalisation (as in verl): the mini-batch's policy loss is the sum of its micro-batch means, so the gradient scales with the number of micro-batches"
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
+    if loss == PolicyLossMode::Dro && p.dro_beta.is_none() {
+        out.push(ctx.error(
+            "policy_loss",
+            "policy_loss = \"dro\" needs `dro_beta` > 0 (verl: policy_loss.dro_beta must be a positive value when using DRO)",
+        ));
+    }
+    out
+}
+
+flowrl_engine::register_node_kind!(PpoUpdateKind);

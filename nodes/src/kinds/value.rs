@@ -1,0 +1,214 @@
+//! The `value` node kind: the critic's value of every response position (verl's
+//! `critic.compute_values`), without gradients.
+//!
+//! The rollouts are laid out as for the log-probs ([`crate::train::sequences`]); the value of response
+//! token t is the value head on the final hidden state at sequence position `P − 1 + t` — the
+//! position whose logits predict token t, verl's `values[:, -response_length - 1 : -1]` — and
+//! the values are multiplied by the response mask (verl: "only action tokens have values").
+//! Rows are processed `micro_batch_size` at a time and split over the run's devices like
+//! `logprob`'s.
+//!
+//! The model must be a value model (`value_head = true` on its `[models.*]` section).
+//! Metrics (verl's `compute_data_metrics`, over valid tokens): `critic/values/mean|max|min`.
+//! Timing key `values`.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use burn::module::Module;
+use flowrl_engine::{
+    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
+    Port, PortSpec, StepContext, ValidateCtx,
+};
+use serde::Deserialize;
+
+use crate::resources::model::{ModelParams, ModelResource};
+use crate::runtime::backend::{FlowBackend, device_of, on_backend, replica_copy};
+use crate::runtime::data_parallel::{Replicas, shard};
+use crate::train::sequences::{SequenceBatch, masked_host};
+use crate::values::{RolloutBatch, TokenMatrix, TokenValues, port_types};
+
+/// The `value` kind.
+pub struct ValueKind;
+
+const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
+const VALUES: Port<TokenValues> = Port::new("values", port_types::VALUES);
+
+#[derive(Debug, Clone, Deserialize, Params)]
+struct ValueParams {
+    /// the value model (a `[models.*]` with `value_head = true`)
+    #[param(resource = "model", required)]
+    model: String,
+    /// responses per forward pass (verl: critic.forward_micro_batch_size_per_gpu)
+    #[param(default = 16, min = 1.0)]
+    micro_batch_size: usize,
+}
+
+impl NodeKind for ValueKind {
+    fn name(&self) -> &str {
+        "value"
+    }
+
+    fn doc(&self) -> &str {
+        "The critic's value of every response position (verl critic.compute_values): the value \
+         head of a value model (`value_head = true`) on the hidden state that predicts each \
+         response token, masked, without gradients."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![ROLLOUTS.spec()]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        vec![VALUES.spec().doc("[B, T] values, 0 at padding")]
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        ValueParams::param_specs()
+    }
+
+    fn timing_key(&self) -> Option<&str> {
+        Some("values")
+    }
+
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        value_model_diagnostics(ctx, "model").into_iter().collect()
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: ValueParams = params.parse()?;
+        let model = ctx.resource::<ModelResource>(&p.model)?;
+        anyhow::ensure!(
+            model.has_value_head(),
+            "`{}` needs a value model: model `{}` has no value head (set `value_head = true` on it)",
+            ctx.node,
+            p.model
+        );
+        Ok(Box::new(ValueNode {
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
+            p,
+            model,
+        }))
+    }
+}
+
+/// The error of a node whose resource parameter `key` names a model without `value_head = true`.
+pub(crate) fn value_model_diagnostics(ctx: &ValidateCtx, key: &str) -> Option<Diagnostic> {
+    let view = ctx.resource_param(key)?;
+    let value_head = view.params().parse::<ModelParams>().map(|m| m.value_head);
+    (!value_head.is_ok_and(|v| v)).then(|| {
+        ctx.error(
+            key,
+            format!(
+                "`{}` needs a value model, but model `{}` has no value head",
+                ctx.name(),
+                view.name()
+            ),
+        )
+        .with_help(format!(
+            "declare the critic as a value model: `value_head = true` in `[models.{}]` (or a separate `[models.critic]` with `path` and `value_head = true`)",
+            view.name()
+        ))
+    })
+}
+
+struct ValueNode {
+    replicas: Replicas,
+    p: ValueParams,
+    model: Arc<ModelResource>,
+}
+
+impl Node for ValueNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        let rollouts = inputs.get_arc(ROLLOUTS)?;
+        let out = token_values(
+            &self.model,
+            &rollouts,
+            self.p.micro_batch_size,
+            &self.replicas,
+        )?;
+        log_value_metrics(ctx, &out, &rollouts);
+        Ok(Outputs::new().with(VALUES, out))
+    }
+}
+
+/// Records `critic/values/mean|max|min` over the valid tokens.
+fn log_value_metrics(ctx: &mut StepContext, values: &TokenValues, rollouts: &RolloutBatch) {
+    let valid: Vec<f64> = values
+        .values
+        .data
+        .iter()
+        .zip(&rollouts.response_mask.data)
+        .filter(|(_, m)| **m != 0.0)
+        .map(|(&v, _)| v as f64)
+        .collect();
+    if valid.is_empty() {
+        return;
+    }
+    ctx.metric(
+        "critic/values/mean",
+        valid.iter().sum::<f64>() / valid.len() as f64,
+    );
+    ctx.metric(
+        "critic/values/max",
+        valid.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+    );
+    ctx.metric(
+        "critic/values/min",
+        valid.iter().cloned().fold(f64::INFINITY, f64::min),
+    );
+}
+
+/// The values of every response position of `rollouts` under the value model `model`, the rows
+/// split over `replicas` and gathered.
+pub fn token_values(
+    model: &ModelResource,
+    rollouts: &RolloutBatch,
+    micro_batch_size: usize,
+    replicas: &Replicas,
+) -> Result<TokenValues> {
+    on_backend!(model.backend(), B => {
+        values_on::<B>(model, rollouts, micro_batch_size, replicas)
+    })
+}
+
+/// [`token_values`] on the model's backend `B`.
+fn values_on<B: FlowBackend>(
+    model: &ModelResource,
+    rollouts: &RolloutBatch,
+    micro_batch_size: usize,
+    replicas: &Replicas,
+) -> Result<TokenValues> {
+    let (infer, head) = model.value_model_inference::<B>()?;
+    let (b, t) = (rollouts.len(), rollouts.response_len());
+    let gathered = replicas.run(|r| {
+        let (infer, device) = replica_copy::<B>(&infer, r.device)?;
+        let head = if device_of(&head) == device {
+            head.clone()
+        } else {
+            head.clone().to_device(&device)
+        };
+        let rows: Vec<usize> = shard(b, r.world, r.index).collect();
+        let mut mine = Vec::with_capacity(rows.len());
+        for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
+            let seq = SequenceBatch::new(rollouts, chunk_rows)?;
+            let (hidden, _) = seq.response_hidden(&infer, &device)?;
+            let values = masked_host(head.forward(hidden), &seq.mask)?;
+            for (k, &row) in chunk_rows.iter().enumerate() {
+                mine.push((row, values[k * t..(k + 1) * t].to_vec()));
+            }
+        }
+        r.gather_rows(b, t, mine)
+    })?;
+    let values = TokenValues {
+        values: TokenMatrix::new(gathered[0].clone(), b, t)?,
+    };
+    values.check(rollouts)?;
+    Ok(values)
+}
+
+flowrl_engine::register_node_kind!(ValueKind);

@@ -1,0 +1,4 @@
+//! The built-in resource kinds: what the `[models.*]` sections of a graph load once and the nodes
+//! share.
+
+pub mod model;

@@ -1,0 +1,724 @@
+//! The `model` resource kind: `[models.NAME]` sections of a graph.
+//!
+//! ```toml
+//! [models.policy]
+//! path = "assets/tiny-qwen2-vl"   # a Hugging Face model directory
+//! [models.reference]
+//! from = "policy"                 # a frozen copy of another model resource (its initial weights)
+//! ```
+//!
+//! A model resource holds the loaded [`Model`] (on the training backend, so update nodes can
+//! differentiate it; other nodes use its non-autodiff view, `AutodiffModule::valid`), the
+//! tokenizer of its directory (to decode responses), its optimizer state once an update node
+//! created one, and update counters. Nodes share it through the engine's resources and lock it for
+//! the time of their work.
+//!
+//! LoRA (`lora = { rank = 16, alpha = 32, target_modules = ["q_proj", ...] }`, see
+//! [`flowrl_models::lora`] for the semantics): the base weights are loaded frozen in the compute
+//! precision and only the adapters (f32) are trained; a `from` copy of a LoRA model is the same
+//! weights with the adapters switched off (no second copy), verl's reference for LoRA actors.
+//!
+//! Checkpoints ([`ResourceKind::save`]) write `model/` in the Hugging Face layout (config.json +
+//! safetensors, loadable by transformers and by this kind) — for a LoRA model `adapter/` in PEFT's
+//! layout instead —, `optimizer.safetensors` (AdamW moments) and `state.json` (counters). A frozen
+//! copy (`from`) saves nothing: the engine builds every resource from the graph before it restores
+//! a checkpoint, so the copy is taken from the source's initial weights again. A restore checks
+//! `optimizer.safetensors` against the parameters it will update (names, shapes, finite values:
+//! [`AdamW::load`]) and refuses another model's state naming the file and the parameter.
+//!
+//! Load-time checks: the directory exists and holds `config.json`; the tokenizer's vocabulary fits
+//! the model's embedding table (a mismatch means tokenizer and weights come from different models).
+//!
+//! A value model (`value_head = true`, the critic of PPO, verl's `critic.model.path`): the same
+//! model with a [`ValueHead`] on its final hidden states ([`flowrl_models::value_head`]), read
+//! from the directory's `value_head.safetensors` when it has one (a flowrl checkpoint's `model/`)
+//! and drawn fresh otherwise (transformers' init of `score`, seeded by the run seed). The head is
+//! trained with the backbone by `update.critic`, one AdamW over both; checkpoints add
+//! `model/value_head.safetensors`.
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use burn::module::{AutodiffModule, Module};
+use flowrl_engine::{
+    BuildContext, DeviceSpec, Diagnostic, ParamChoice, ParamSchema, ParamSpec, Params,
+    ResourceKind, ResourceValue, ValidateCtx,
+};
+use flowrl_models::Model;
+use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter};
+use flowrl_models::value_head::{VALUE_HEAD_FILE, ValueHead, ValueModel, initializer_range};
+use flowrl_models::weights::Precision;
+use serde::{Deserialize, Serialize};
+use tokenizers::Tokenizer;
+
+use crate::runtime::backend::{BackendKind, FlowBackend, on_backend};
+use crate::train::optim::AdamW;
+
+/// Counters of the optimizer steps applied to a model (saved with checkpoints).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateCounters {
+    /// Optimizer steps applied.
+    pub optimizer_steps: u64,
+    /// Optimizer steps skipped because the loss or the gradient norm was not finite.
+    pub skipped_steps: u64,
+}
+
+/// The mutable part of a model resource, on backend `B`.
+pub struct ModelState<B: FlowBackend> {
+    /// The weights in f32 (the master weights under mixed precision), or in `precision` for a
+    /// frozen model (it is never updated) and for the frozen base of a LoRA model (whose
+    /// adapters are f32).
+    pub model: Model<B>,
+    /// Created by the first update node that trains this model; its moments are f32. Of a
+    /// value model: the AdamW of the [`flowrl_models::value_head::ValueModel`] (backbone + head).
+    pub optimizer: Option<AdamW<B>>,
+    pub counters: UpdateCounters,
+    pub device: B::Device,
+    /// The precision of the forward passes' weights and activations.
+    pub precision: Precision,
+    /// The value head of a value model (`value_head = true`), in f32.
+    pub value_head: Option<ValueHead<B>>,
+}
+
+impl<B: FlowBackend> ModelState<B> {
+    /// A model on `device`, computing in `precision`, with no optimizer state yet.
+    pub fn new(model: Model<B>, device: B::Device, precision: Precision) -> Self {
+        Self {
+            model,
+            optimizer: None,
+            counters: UpdateCounters::default(),
+            device,
+            precision,
+            value_head: None,
+        }
+    }
+
+    /// The model without autodiff in the compute precision (generation, log-probs without
+    /// gradients).
+    pub fn inference_model(&self) -> Model<B::InnerBackend> {
+        compute_view(&self.model.valid(), self.precision)
+    }
+}
+
+/// The weights a forward pass computes with: `model` itself in f32, else a cast of it (under
+/// autodiff a recorded cast, whose gradients reach `model`'s f32 weights). Mixed precision as in
+/// verl's FSDP actor: parameters, activations and matmuls in bf16; norms, softmax and logits in
+/// f32 (the models compute those in f32 whatever the weights' dtype); master weights, gradients
+/// and AdamW moments in f32.
+pub fn compute_view<B: burn::prelude::Backend>(model: &Model<B>, precision: Precision) -> Model<B> {
+    match precision {
+        Precision::F32 => model.clone(),
+        other => model.clone().cast(other),
+    }
+}
+
+/// A built `model` resource.
+pub struct ModelResource {
+    /// The resource's name in the graph.
+    pub name: String,
+    /// The Hugging Face directory the weights, tokenizer and processor come from.
+    pub dir: PathBuf,
+    /// False for frozen copies (`from = ...`): update nodes refuse to train them.
+    pub trainable: bool,
+    /// `tokenizer.json` of `dir`, when present.
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    /// The device the weights live on.
+    pub device: DeviceSpec,
+    /// The adapters' configuration of a LoRA model.
+    pub lora: Option<LoraConfig>,
+    /// A `from` copy of a LoRA model: the shared weights with the adapters switched off.
+    adapters_off: bool,
+    /// A value model: its state holds a value head.
+    value_head: bool,
+    backend: BackendKind,
+    /// A `Mutex<ModelState<B>>` for the backend `backend` names (shared by a LoRA model and its
+    /// adapter-off copies).
+    state: Arc<dyn Any + Send + Sync>,
+}
+
+impl ModelResource {
+    /// Loads a Hugging Face directory onto `device` (see the module doc for the checks), to
+    /// compute in `precision` (`None`: the backend's default). With `random_seed`, the weights
+    /// are not read: they are drawn from the directory's config.json (`Model::random`), which is
+    /// how the tiny default model starts its SFT warm start.
+    /// A trainable model keeps f32 master weights; a frozen one is held in the compute
+    /// precision.
+    pub fn load(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        random_seed: Option<u64>,
+        device: DeviceSpec,
+        precision: Option<Precision>,
+    ) -> Result<Self> {
+        Self::load_with_lora(name, dir, trainable, random_seed, device, precision, None)
+    }
+
+    /// [`ModelResource::load`], with LoRA adapters when `lora` is given: the base weights are
+    /// then frozen in the compute precision, and the adapters (f32) filled as `AdapterInit` says.
+    pub fn load_with_lora(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        random_seed: Option<u64>,
+        device: DeviceSpec,
+        precision: Option<Precision>,
+        lora: Option<(LoraConfig, AdapterInit)>,
+    ) -> Result<Self> {
+        ensure!(
+            dir.is_dir(),
+            "model `{name}`: directory `{}` does not exist",
+            dir.display()
+        );
+        ensure!(
+            dir.join("config.json").is_file(),
+            "model `{name}`: `{}` has no config.json (not a Hugging Face model directory)",
+            dir.display()
+        );
+        // The tokenizer is checked against config.json before any weight is read.
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("config.json")).with_context(|| {
+                format!("model `{name}`: reading {}/config.json", dir.display())
+            })?,
+        )
+        .with_context(|| format!("model `{name}`: parsing {}/config.json", dir.display()))?;
+        let model_vocab = config
+            .get("text_config")
+            .and_then(|t| t.get("vocab_size"))
+            .or_else(|| config.get("vocab_size"))
+            .and_then(|v| v.as_u64());
+        let tokenizer = if dir.join("tokenizer.json").is_file() {
+            let t = flowrl_datasets::encoder::load_tokenizer(dir)?;
+            let vocab = t.get_vocab_size(true);
+            if let Some(model_vocab) = model_vocab {
+                ensure!(
+                    vocab as u64 <= model_vocab,
+                    "model `{name}`: the tokenizer in {} has {vocab} tokens but the model's vocabulary \
+                     (config.json vocab_size) has {model_vocab}: tokenizer and weights do not belong together",
+                    dir.display()
+                );
+            }
+            Some(Arc::new(t))
+        } else {
+            None
+        };
+        on_backend!(BackendKind::of(device)?, B => {
+            let burn_device = B::device(device).with_context(|| format!("model `{name}`"))?;
+            let precision = precision.unwrap_or_else(B::default_precision);
+            let dtype = precision.dtype();
+            ensure!(
+                <B as burn::prelude::Backend>::supports_dtype(&burn_device, dtype),
+                "model `{name}`: {device} does not compute in {dtype:?} (precision = \"{}\"); \
+                 use precision = \"f32\"",
+                precision_name(precision)
+            );
+            let config_json = || std::fs::read_to_string(dir.join("config.json"));
+            let context = || match random_seed {
+                None => format!("model `{name}`: loading {}", dir.display()),
+                Some(_) => format!("model `{name}`: random init from {}", dir.display()),
+            };
+            let (model, lora) = match lora {
+                Some((config, init)) => {
+                    let (model, _) = match random_seed {
+                        None => Model::<B>::load_adapted(dir, &burn_device, precision, &config, init),
+                        Some(seed) => Model::<B>::random_adapted(
+                            &config_json()?, &burn_device, seed, precision, &config, init,
+                        ),
+                    }
+                    .with_context(context)?;
+                    (model, Some(config))
+                }
+                None => {
+                    let weights = if trainable { Precision::F32 } else { precision };
+                    let model = match random_seed {
+                        None => Model::<B>::load_with_precision(dir, &burn_device, weights),
+                        Some(seed) => Model::<B>::random_with_precision(
+                            &config_json()?, &burn_device, seed, weights,
+                        ),
+                    }
+                    .with_context(context)?;
+                    (model, None)
+                }
+            };
+            let state = ModelState::new(model, burn_device, precision);
+            let mut resource = Self::from_state(name, dir, trainable, tokenizer, device, state);
+            resource.lora = lora;
+            Ok(resource)
+        })
+    }
+
+    /// Wraps the state of an already built model on `device`.
+    pub fn from_state<B: FlowBackend>(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        tokenizer: Option<Arc<Tokenizer>>,
+        device: DeviceSpec,
+        state: ModelState<B>,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            trainable,
+            tokenizer,
+            device,
+            lora: None,
+            adapters_off: false,
+            value_head: state.value_head.is_some(),
+            backend: B::KIND,
+            state: Arc::new(Mutex::new(state)),
+        }
+    }
+
+    /// The backend the weights live on.
+    pub fn backend(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// True for a value model (`value_head = true`).
+    pub fn has_value_head(&self) -> bool {
+        self.value_head
+    }
+
+    /// Gives this model a value head: the one stored in its directory
+    /// (`value_head.safetensors`), else a fresh one drawn with `seed` (see the module doc).
+    pub fn attach_value_head(&mut self, seed: u64) -> Result<()> {
+        let stored = self.dir.join(VALUE_HEAD_FILE);
+        let std = initializer_range(&std::fs::read_to_string(self.dir.join("config.json"))?);
+        on_backend!(self.backend, B => {
+            let mut s = self.lock::<B>()?;
+            let hidden = s.model.causal_lm().hidden_size();
+            #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
+            let device = s.device.clone();
+            s.value_head = Some(if stored.is_file() {
+                ValueHead::load(&stored, hidden, &device)
+                    .with_context(|| format!("model `{}`: value head", self.name))?
+            } else {
+                ValueHead::random(hidden, std, seed, &device)
+            });
+        });
+        self.value_head = true;
+        Ok(())
+    }
+
+    /// The backbone and the value head without autodiff, the backbone in the compute precision
+    /// (values without gradients); an error for a model without a value head.
+    #[allow(clippy::type_complexity)]
+    pub fn value_model_inference<B: FlowBackend>(
+        &self,
+    ) -> Result<(Model<B::InnerBackend>, ValueHead<B::InnerBackend>)> {
+        let s = self.lock::<B>()?;
+        let head = s.value_head.as_ref().ok_or_else(|| {
+            anyhow!(
+                "model `{}` has no value head: declare it with `value_head = true`",
+                self.name
+            )
+        })?;
+        Ok((s.inference_model(), head.valid()))
+    }
+
+    /// A frozen copy of this resource's current weights, held in its compute precision (a
+    /// frozen model needs no f32 masters). Of a LoRA model: its own weights, shared, with the
+    /// adapters switched off (the base model), not a copy.
+    pub fn frozen_copy(&self, name: &str) -> Result<Self> {
+        if self.lora.is_some() {
+            return Ok(Self {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+                trainable: false,
+                tokenizer: self.tokenizer.clone(),
+                device: self.device,
+                lora: None,
+                adapters_off: true,
+                value_head: false,
+                backend: self.backend,
+                state: self.state.clone(),
+            });
+        }
+        on_backend!(self.backend, B => {
+            let s = self.lock::<B>()?;
+            let precision = s.precision;
+            let model = compute_view(&s.model, precision).no_grad();
+            #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
+            let burn_device = s.device.clone();
+            drop(s);
+            let state = ModelState::new(model, burn_device, precision);
+            Ok(Self::from_state(name, &self.dir, false, self.tokenizer.clone(), self.device, state))
+        })
+    }
+
+    /// Exclusive access to the model and its optimizer on backend `B` (an error when the model
+    /// lives on another backend).
+    pub fn lock<B: FlowBackend>(&self) -> Result<MutexGuard<'_, ModelState<B>>> {
+        let state = self
+            .state
+            .downcast_ref::<Mutex<ModelState<B>>>()
+            .ok_or_else(|| {
+                anyhow!(
+                    "model `{}` lives on {} ({:?} backend), not on the {:?} backend",
+                    self.name,
+                    self.device,
+                    self.backend,
+                    B::KIND
+                )
+            })?;
+        // A panic while holding the lock leaves a model that is still usable for saving.
+        Ok(state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The model without autodiff in the compute precision, as this resource computes it (the
+    /// base alone for an adapter-off copy): generation, log-probs without gradients.
+    pub fn inference_model<B: FlowBackend>(&self) -> Result<Model<B::InnerBackend>> {
+        let model = self.lock::<B>()?.inference_model();
+        Ok(if self.adapters_off {
+            model.adapters_off()
+        } else {
+            model
+        })
+    }
+
+    /// The tokenizer, or an error naming the model directory.
+    pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            anyhow!(
+                "model `{}`: {} has no tokenizer.json (needed to decode responses)",
+                self.name,
+                self.dir.display()
+            )
+        })
+    }
+
+    /// Writes the checkpoint files into `dir` (see the module doc).
+    pub fn save_to(&self, dir: &Path) -> Result<()> {
+        if !self.trainable {
+            return Ok(());
+        }
+        on_backend!(self.backend, B => {
+            let s = self.lock::<B>()?;
+            match &self.lora {
+                Some(config) => {
+                    let base = std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
+                    s.model.save_adapter(&dir.join("adapter"), config, &base.display().to_string())?
+                }
+                None => s.model.save(&dir.join("model"), None)?,
+            }
+            if let Some(head) = &s.value_head {
+                head.save(&dir.join("model").join(VALUE_HEAD_FILE))?;
+            }
+            if let Some(opt) = &s.optimizer {
+                opt.save(&dir.join("optimizer.safetensors"))?;
+            }
+            std::fs::write(
+                dir.join("state.json"),
+                serde_json::to_string_pretty(&s.counters)?,
+            )?;
+        });
+        if self.lora.is_none() {
+            flowrl_models::model::copy_side_files(&self.dir, &dir.join("model"))?;
+        }
+        Ok(())
+    }
+
+    /// Restores what [`ModelResource::save_to`] wrote.
+    pub fn load_from(&self, dir: &Path) -> Result<()> {
+        if !self.trainable {
+            return Ok(());
+        }
+        on_backend!(self.backend, B => {
+            let mut s = self.lock::<B>()?;
+            #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
+            let device = s.device.clone();
+            let restoring = || format!("model `{}`: restoring {}", self.name, dir.display());
+            s.model = match &self.lora {
+                Some(config) => {
+                    let (stored_config, stored) =
+                        read_peft_adapter(&dir.join("adapter")).with_context(restoring)?;
+                    ensure!(
+                        stored_config.rank == config.rank && stored_config.alpha == config.alpha,
+                        "model `{}`: the checkpoint's adapter has rank {} and alpha {}, the graph says rank {} and alpha {}",
+                        self.name, stored_config.rank, stored_config.alpha, config.rank, config.alpha
+                    );
+                    s.model.clone().set_adapters(stored).with_context(restoring)?
+                }
+                None => Model::<B>::load(&dir.join("model"), &device).with_context(restoring)?,
+            };
+            if s.value_head.is_some() {
+                let hidden = s.model.causal_lm().hidden_size();
+                let path = dir.join("model").join(VALUE_HEAD_FILE);
+                s.value_head = Some(ValueHead::load(&path, hidden, &device).with_context(restoring)?);
+            }
+            let opt_path = dir.join("optimizer.safetensors");
+            if opt_path.is_file() {
+                let mut opt = s
+                    .optimizer
+                    .take()
+                    .unwrap_or_else(|| AdamW::new(Default::default()));
+                // Checked against the module the optimizer updates (of a value model: backbone
+                // and head, as `update.critic` steps them).
+                match &s.value_head {
+                    Some(head) => {
+                        let critic = ValueModel { model: s.model.clone(), head: head.clone() };
+                        opt.load(&opt_path, &critic, &device)
+                    }
+                    None => opt.load(&opt_path, &s.model, &device),
+                }
+                .with_context(|| format!("model `{}`", self.name))?;
+                s.optimizer = Some(opt);
+            }
+            let state = dir.join("state.json");
+            if state.is_file() {
+                s.counters = serde_json::from_str(&std::fs::read_to_string(&state)?)
+                    .with_context(|| format!("parsing {}", state.display()))?;
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The `model` resource kind (`[models.*]`).
+pub struct ModelKind;
+
+/// `init = ...`: where the initial weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ParamChoice)]
+pub(crate) enum ModelInit {
+    Pretrained,
+    Random,
+}
+
+/// The parameters of a `[models.*]` resource.
+#[derive(Deserialize, Params)]
+pub(crate) struct ModelParams {
+    /// Hugging Face model directory (config.json, safetensors, tokenizer)
+    pub(crate) path: Option<PathBuf>,
+    /// copy this model resource's initial weights, frozen (of a LoRA model: its base, the same
+    /// weights with the adapters off)
+    #[param(resource = "model")]
+    pub(crate) from: Option<String>,
+    /// whether update nodes may train it (default: true for `path`, false for `from`)
+    pub(crate) trainable: Option<bool>,
+    /// `random`: ignore the weight files and draw weights from config.json (seeded by the run
+    /// seed)
+    #[param(default = ModelInit::Pretrained)]
+    pub(crate) init: ModelInit,
+    /// train LoRA adapters instead of every weight: the base stays frozen in the compute
+    /// precision, only the adapters (f32) have gradients and optimizer state; checkpoints hold
+    /// the adapter in PEFT's layout
+    #[param(switch)]
+    pub(crate) lora: Option<LoraParams>,
+    /// a value model (PPO's critic, verl critic.model): a linear value head `score` [1, hidden]
+    /// on the final hidden states, read from the directory's value_head.safetensors when
+    /// present, else drawn fresh (N(0, initializer_range²), bias 0, seeded); trained with the
+    /// backbone by `update.critic`
+    #[param(default = false)]
+    pub(crate) value_head: bool,
+    /// precision of the forward passes: bf16 = mixed precision (bf16 weights, activations and
+    /// matmuls; f32 norms, softmax, log-probs, losses, master weights and AdamW moments); default
+    /// f32 on CPU and Vulkan, bf16 on CUDA
+    #[param(one_of = &["f32", "bf16"])]
+    pub(crate) precision: Option<String>,
+}
+
+/// The `lora` table (PEFT's names: `r` → `rank`, `lora_alpha` → `alpha`, `lora_dropout` →
+/// `dropout`; defaults as verl's `actor_rollout_ref.model.lora_*`).
+#[derive(Deserialize, Params)]
+pub(crate) struct LoraParams {
+    /// the adapters' rank r (PEFT `r`, verl `lora_rank`)
+    #[param(min = 1.0)]
+    pub(crate) rank: Option<usize>,
+    /// scaling alpha / rank (PEFT `lora_alpha`)
+    #[param(default = 16.0, gt = 0.0)]
+    pub(crate) alpha: f64,
+    /// dropout on the adapters' input while training (PEFT `lora_dropout`)
+    #[param(default = 0.0, min = 0.0, lt = 1.0)]
+    pub(crate) dropout: f64,
+    /// linear modules to adapt, matched by name suffix as PEFT does ("q_proj" adapts every
+    /// *.q_proj); "all-linear" = every linear but lm_head; the vision tower only when an entry
+    /// names it ("visual." / "model.vision_tower." prefixes)
+    #[param(default = serde_json::json!([flowrl_models::lora::ALL_LINEAR]))]
+    pub(crate) target_modules: Vec<String>,
+    /// start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors);
+    /// it sets rank, alpha, dropout and target_modules
+    pub(crate) adapter: Option<PathBuf>,
+}
+
+impl LoraParams {
+    /// The adapters' configuration and how to fill them (`seed` for fresh ones).
+    fn resolve(self, seed: u64) -> Result<(LoraConfig, AdapterInit)> {
+        match self.adapter {
+            Some(dir) => {
+                let (config, stored) = read_peft_adapter(&dir)?;
+                Ok((config, AdapterInit::Stored(stored)))
+            }
+            None => {
+                let config = LoraConfig {
+                    rank: self.rank.context("lora needs `rank` (or `adapter`)")?,
+                    alpha: self.alpha,
+                    dropout: self.dropout,
+                    target_modules: self.target_modules,
+                };
+                config.validate()?;
+                Ok((config, AdapterInit::Fresh(seed)))
+            }
+        }
+    }
+}
+
+/// The name a graph gives `precision`.
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::F32 => "f32",
+        Precision::BF16 => "bf16",
+        Precision::F16 => "f16",
+    }
+}
+
+impl ResourceKind for ModelKind {
+    fn name(&self) -> &str {
+        "model"
+    }
+
+    fn section(&self) -> &str {
+        "models"
+    }
+
+    fn doc(&self) -> &str {
+        "A model loaded from a Hugging Face directory (`path`), or a frozen copy of another model \
+         resource's initial weights (`from`); `lora` trains adapters on a frozen base. Checkpoints \
+         save trainable models in the Hugging Face layout (LoRA models: the adapter in PEFT's \
+         layout) plus their AdamW state."
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        ModelParams::param_specs()
+    }
+
+    fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let p = match ctx.parse::<ModelParams>() {
+            Ok(p) => p,
+            Err(d) => return d,
+        };
+        let mut out = Vec::new();
+        match (&p.path, &p.from) {
+            (Some(_), Some(_)) => out.push(ctx.error(
+                "from",
+                "give either `path` (a model directory) or `from` (a copy of another model), not both",
+            )),
+            (None, None) => out.push(ctx.error(
+                "path",
+                "a model needs `path = \"<Hugging Face directory>\"` or `from = \"<other model>\"`",
+            )),
+            (Some(dir), None) => {
+                let path = dir.display();
+                if !dir.is_dir() {
+                    out.push(ctx.error("path", format!("model directory `{path}` does not exist")));
+                } else if !dir.join("config.json").is_file() {
+                    out.push(ctx.error(
+                        "path",
+                        format!("`{path}` has no config.json: not a Hugging Face model directory"),
+                    ));
+                }
+            }
+            (None, Some(_)) => {
+                if p.trainable == Some(true) {
+                    out.push(ctx.error("trainable", "a `from` copy is frozen; load the directory with `path` to train it"));
+                }
+                if p.lora.is_some() {
+                    out.push(ctx.error("lora", "a `from` copy of a LoRA model already is its base (adapters off); give `lora` to the model it copies"));
+                }
+                if p.value_head {
+                    out.push(ctx.error("value_head", "a `from` copy is frozen and has no value head; load the directory with `path` to make a value model"));
+                }
+            }
+        }
+        if p.lora.is_some() && p.value_head {
+            out.push(ctx.error(
+                "value_head",
+                "a value model with LoRA adapters is not supported yet: train the critic's full weights (drop `lora`)",
+            ));
+        }
+        if let Some(lora) = &p.lora {
+            match (lora.rank, &lora.adapter) {
+                (None, None) => out.push(ctx.error(
+                    "lora",
+                    "lora needs `rank = <r>` (e.g. 16), or `adapter = \"<PEFT adapter directory>\"` to start from one",
+                )),
+                (Some(_), Some(_)) => out.push(ctx.error(
+                    "lora.rank",
+                    "give either `rank` (fresh adapters) or `adapter` (whose adapter_config.json sets the rank), not both",
+                )),
+                (None, Some(dir)) => {
+                    if !dir.join("adapter_config.json").is_file() {
+                        out.push(ctx.error(
+                            "lora.adapter",
+                            format!(
+                                "`{}` has no adapter_config.json: not a PEFT adapter directory",
+                                dir.display()
+                            ),
+                        ));
+                    }
+                }
+                (Some(_), None) => {}
+            }
+        }
+        out
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<ResourceValue> {
+        let p: ModelParams = params.parse()?;
+        let resource = match (p.path, p.from) {
+            (Some(path), None) => {
+                let seed = (p.init == ModelInit::Random).then(|| ctx.init_seed());
+                let trainable = p.trainable.unwrap_or(true);
+                let precision = p.precision.as_deref().map(Precision::parse).transpose()?;
+                let lora = p
+                    .lora
+                    .map(|l| l.resolve(flowrl_engine::derive_seed(ctx.init_seed(), 0, "lora")))
+                    .transpose()
+                    .with_context(|| format!("model `{}`: lora", ctx.node))?;
+                ensure!(
+                    !(p.value_head && lora.is_some()),
+                    "model `{}`: a value model with LoRA adapters is not supported yet",
+                    ctx.node
+                );
+                let mut model = ModelResource::load_with_lora(
+                    &ctx.node, &path, trainable, seed, ctx.device, precision, lora,
+                )?;
+                if p.value_head {
+                    model.attach_value_head(flowrl_engine::derive_seed(
+                        ctx.init_seed(),
+                        0,
+                        "value_head",
+                    ))?;
+                }
+                model
+            }
+            (None, Some(from)) => {
+                let source = ctx.resource::<ModelResource>(&from)?;
+                source.frozen_copy(&ctx.node)?
+            }
+            _ => bail!(
+                "model `{}` needs exactly one of `path` and `from`",
+                ctx.node
+            ),
+        };
+        Ok(Arc::new(resource))
+    }
+
+    fn save(&self, value: &(dyn Any + Send + Sync), dir: &Path) -> Result<()> {
+        downcast(value)?.save_to(dir)
+    }
+
+    fn load(&self, value: &(dyn Any + Send + Sync), dir: &Path) -> Result<()> {
+        downcast(value)?.load_from(dir)
+    }
+}
+
+fn downcast(value: &(dyn Any + Send + Sync)) -> Result<&ModelResource> {
+    value
+        .downcast_ref::<ModelResource>()
+        .ok_or_else(|| anyhow!("the `model` resource kind was given a value of another kind"))
+}
+
+flowrl_engine::register_resource_kind!(ModelKind);

@@ -1,0 +1,8 @@
+//! How the nodes run: on which burn backend ([`backend`]), over how many replicas
+//! ([`data_parallel`]), and, for the binaries, with which memory allocator ([`allocator`]) and
+//! the coordinator of multi-process runs ([`orchestrator`]).
+
+pub mod allocator;
+pub mod backend;
+pub mod data_parallel;
+pub mod orchestrator;
