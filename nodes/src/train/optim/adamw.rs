@@ -30,6 +30,8 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use crate::runtime::backend::{HostMatrix, host_f32, host_values};
+
 /// Hyper-parameters of [`AdamW`]; defaults are torch's (the learning rate comes from the schedule).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AdamWConfig {
@@ -63,8 +65,8 @@ struct Moments<B: Backend> {
 pub struct AdamW<B: AutodiffBackend> {
     pub config: AdamWConfig,
     state: HashMap<String, Moments<B::InnerBackend>>,
-    /// One fused pass per parameter on the host where its tensors are f32 Flex tensors
-    /// ([`fused_step`]); false: burn's tensor ops everywhere (the reference path).
+    /// One fused pass per parameter over its values where they are host memory (`host_f32`:
+    /// the CPU backend) ([`fused_step`]); false: burn's tensor ops everywhere (the reference path).
     fused: bool,
 }
 
@@ -78,7 +80,7 @@ impl<B: AutodiffBackend> AdamW<B> {
     }
 
     /// `false`: every step through burn's per-tensor ops (several passes over each parameter,
-    /// a fresh buffer each), the path of the non-Flex backends, also on Flex; the fused host
+    /// a fresh buffer each), the path of the GPU backends, also on the CPU; the fused host
     /// pass gives the same values bit for bit (tests/adamw_fused.rs).
     pub fn with_fused(mut self, fused: bool) -> Self {
         self.fused = fused;
@@ -331,7 +333,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, B> {
         let bias1 = 1.0 - c.beta1.powi(step as i32);
         let bias2 = 1.0 - c.beta2.powi(step as i32);
         let step_size = self.lr / bias1;
-        let (updated, exp_avg, exp_avg_sq) = if self.fused && flex_f32(&p) && flex_f32(&grad) {
+        let (updated, exp_avg, exp_avg_sq) = if self.fused && host_f32(&p) && host_f32(&grad) {
             let k = Coefficients {
                 beta1: c.beta1 as f32,
                 one_minus_beta1: (1.0 - c.beta1) as f32,
@@ -397,27 +399,6 @@ struct Coefficients {
     step_size: f32,
 }
 
-/// True for an f32 tensor of the Flex backend (the fused path's host buffers).
-fn flex_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
-    t.dtype() == burn::tensor::DType::F32
-        && std::any::TypeId::of::<B::FloatTensorPrimitive>()
-            == std::any::TypeId::of::<burn::backend::flex::FlexTensor>()
-}
-
-fn into_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::backend::flex::FlexTensor {
-    let burn::tensor::TensorPrimitive::Float(p) = t.into_primitive() else {
-        unreachable!("flex_f32 checked a float tensor")
-    };
-    let p: Box<dyn std::any::Any> = Box::new(p);
-    *p.downcast().expect("flex_f32 checked the backend")
-}
-
-/// `t`'s values as a host vector: its own buffer when nothing else holds it and it is one
-/// whole contiguous buffer (burn-flex's `into_data` then unwraps it), else a copy.
-fn owned_values(t: burn::backend::flex::FlexTensor) -> Vec<f32> {
-    t.into_data().into_vec::<f32>().expect("an f32 tensor")
-}
-
 /// One AdamW update of a parameter in a single pass over its buffers: reads p, g, m, v once
 /// and writes p, m, v once, in place where the parameter and moments own their buffers (the
 /// moments always do after their first step). The arithmetic is the per-tensor path's, op for
@@ -425,7 +406,7 @@ fn owned_values(t: burn::backend::flex::FlexTensor) -> Vec<f32> {
 /// (m / denom)·step_size`), so the results are the same bits. A 2-D gradient stored transposed
 /// (a `Linear` weight's, from the matmul backward) is read in tiles where it lies, not copied
 /// to the parameter's layout first. Large parameters are split over threads
-/// (`RAYON_NUM_THREADS`, else the available cores), as burn-flex splits its loops.
+/// (`RAYON_NUM_THREADS`, else the available cores), as the CPU backend splits its loops.
 fn fused_step<B: Backend, const D: usize>(
     p: Tensor<B, 1>,
     grad: Tensor<B, D>,
@@ -434,27 +415,13 @@ fn fused_step<B: Backend, const D: usize>(
 ) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
     let n = p.dims()[0];
     let device = p.device();
-    let g = into_flex(grad);
-    // The gradient where it lies: `rows × cols` with strides (rs, cs) from `offset`, for the
-    // parameter's row-major [rows, cols] view; anything other than a contiguous or 2-D layout
-    // is made contiguous first.
-    let g = if g.is_contiguous() || g.layout().shape().num_dims() == 2 {
-        g
-    } else {
-        g.to_contiguous()
-    };
-    let (rows, cols, rs, cs) = if g.is_contiguous() {
-        (1, n, n as isize, 1)
-    } else {
-        let (shape, strides) = (g.layout().shape(), g.layout().strides());
-        (shape[0], shape[1], strides[0], strides[1])
-    };
-    let offset = g.layout().start_offset();
-    let g_storage = g.storage::<f32>();
-    let mut p = owned_values(into_flex(p));
+    let g = HostMatrix::new(grad);
+    let (rows, cols, rs, cs, offset) = g.layout(n);
+    let g_storage = g.values();
+    let mut p = host_values(p);
     let first = moments.is_none();
     let (mut m, mut v) = match moments {
-        Some((m, v)) => (owned_values(into_flex(m)), owned_values(into_flex(v))),
+        Some((m, v)) => (host_values(m), host_values(v)),
         None => (vec![0.0; n], vec![0.0; n]),
     };
     let update = |p: &mut f32, m: &mut f32, v: &mut f32, g: f32| {
