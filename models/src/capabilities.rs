@@ -131,7 +131,10 @@ pub fn load_image_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
 pub struct PaddedBatch {
     /// Token ids, `batch * len` values; padding positions hold the pad id.
     pub ids: Vec<u32>,
-    /// 1 = real token, 0 = padding (padding is at the start of a row).
+    /// 1 = real token, 0 = padding (padding is at the start of a row). A row that packs
+    /// several sequences one after the other (padding-free layouts) numbers their tokens 1, 2,
+    /// …: attention stays inside a sequence ([`crate::layers::causal_padding_bias`]); position
+    /// ids are then the caller's, not computed from this mask.
     pub attention_mask: Vec<u32>,
     pub batch: usize,
     pub len: usize,
@@ -348,8 +351,9 @@ pub trait CausalLm<B: Backend> {
     /// inputs inside the decoder (Gemma 4's per-layer embeddings) read them; others ignore them.
     ///
     /// `attention_mask` `[batch, cached + len]` covers every key: the cached ones first, then the
-    /// new ones (1 = attend, 0 = padding); attention is also causal. With a cache, the new keys and
-    /// values are appended to it.
+    /// new ones (1 = attend, 0 = padding; 1, 2, … for the sequences of a packed row, which do not
+    /// attend to each other); attention is also causal. With a cache, the new keys and values are
+    /// appended to it.
     fn forward_hidden(
         &self,
         ids: Tensor<B, 2, Int>,

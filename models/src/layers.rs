@@ -570,9 +570,15 @@ pub fn rope_tables<B: Backend>(
 }
 
 /// Additive attention bias `[batch, 1, len, past + len]`: 0 where query i (absolute index
-/// `past + i`) may attend key j (`j ≤ past + i` and `key_mask[b, j] = 1`), a large negative
-/// number elsewhere (finite, so fully masked padding rows give a uniform softmax like HF's
-/// `finfo.min` bias instead of NaN).
+/// `past + i`) may attend key j, a large negative number elsewhere (finite, so fully masked
+/// padding rows give a uniform softmax like HF's `finfo.min` bias instead of NaN).
+///
+/// `key_mask[b, j]` is 0 at padding and a sequence number (segment) at real tokens: 1 for
+/// every real token of an ordinary row, 1, 2, … for the sequences a padding-free row packs
+/// one after the other. Query q may attend key j when `j ≤ q`, `key_mask[b, j] ≠ 0` and the
+/// two are in one segment (`key_mask[b, q] = key_mask[b, j]`); a padding query (segment 0)
+/// attends every earlier real key, as with a 0/1 mask (its output is never read). With a 0/1
+/// mask this is the usual causal + padding mask, bit for bit.
 pub fn causal_padding_bias<B: Backend>(key_mask: Tensor<B, 2, Int>, len: usize) -> Tensor<B, 4> {
     causal_padding_window_bias(key_mask, len, None)
 }
@@ -596,9 +602,19 @@ pub fn causal_padding_window_bias<B: Backend>(
     }
     let causal = Tensor::<B, 1>::from_data(TensorData::new(causal, [len * total]), &device)
         .reshape([1, 1, len, total]);
-    let pad = (key_mask.float().sub_scalar(1.0) * (-MASKED)).reshape([batch, 1, 1, total]);
-    // Both terms are ≤ 0; clamp so that a doubly masked entry stays finite and equal to the others.
-    (causal + pad).clamp_min(MASKED)
+    let keys = key_mask.clone().reshape([batch, 1, 1, total]);
+    let pad = keys.clone().equal_elem(0).float() * MASKED;
+    // (s_q − s_k)·s_q is 0 exactly when the query is padding or in the key's segment.
+    let queries = key_mask
+        .narrow(1, past, len)
+        .reshape([batch, 1, len, 1])
+        .expand([batch, 1, len, total]);
+    let other_segment = ((queries.clone() - keys.expand([batch, 1, len, total])) * queries)
+        .not_equal_elem(0)
+        .float()
+        * MASKED;
+    // Every term is ≤ 0; clamp so that a doubly masked entry stays finite and equal to the others.
+    (causal + pad + other_segment).clamp_min(MASKED)
 }
 
 /// Bias of masked attention entries.
@@ -728,6 +744,33 @@ mod tests {
             .unwrap();
         // Query 0 (absolute 1) sees key 1; query 1 (absolute 2) sees keys 1, 2; key 0 is padding.
         assert_eq!(b, vec![MASKED, 0.0, MASKED, MASKED, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn packed_segments_attend_only_within_themselves() {
+        // One row packing two sequences (segments 1: 2 tokens, 2: 2 tokens) and a padding tail.
+        let mask = ints(vec![1, 1, 2, 2, 0], [1, 5]);
+        let b = causal_padding_bias(mask, 5)
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        let visible: Vec<Vec<usize>> = b
+            .chunks(5)
+            .map(|row| (0..5).filter(|&j| row[j] == 0.0).collect())
+            .collect();
+        // The padding query sees every earlier real key, as with a 0/1 mask.
+        assert_eq!(
+            visible,
+            vec![vec![0], vec![0, 1], vec![2], vec![2, 3], vec![0, 1, 2, 3]]
+        );
+        assert!(b.iter().all(|&x| x == 0.0 || x == MASKED));
+        // With a sliding window of 2 the second segment's queries keep their own keys only.
+        let w = causal_padding_window_bias(ints(vec![1, 1, 2, 2, 2], [1, 5]), 5, Some(2))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        let row = |q: usize| -> Vec<usize> { (0..5).filter(|&j| w[q * 5 + j] == 0.0).collect() };
+        assert_eq!((row(2), row(3), row(4)), (vec![2], vec![2, 3], vec![3, 4]));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
 use crate::runtime::data_parallel::{Replicas, shard};
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
-use crate::train::sequences::{SequenceBatch, masked_host};
+use crate::train::sequences::{Layout, SequenceBatch, masked_host};
 use crate::values::{RolloutBatch, TokenLogProbs, TokenMatrix, port_types};
 
 /// The `logprob` kind.
@@ -127,6 +127,7 @@ impl Node for LogProbNode {
             &rollouts,
             self.p.temperature,
             self.micro,
+            self.p.micro.layout(),
             self.p.chunk,
             Extras {
                 entropy: self.p.entropy,
@@ -149,27 +150,31 @@ pub struct Extras {
 
 /// Log-probs (and optionally entropies and Σπ²) of every response token of `rollouts` under
 /// `model`, the rows split over `replicas` ([`crate::runtime::data_parallel`]), each replica's share into
-/// micro-batches by `micro`, and gathered.
+/// micro-batches by `micro` laid out in `layout`, and gathered.
+#[allow(clippy::too_many_arguments)]
 pub fn token_log_probs(
     model: &ModelResource,
     rollouts: &RolloutBatch,
     temperature: f64,
     micro: MicroBatching,
+    layout: Layout,
     chunk: usize,
     extras: Extras,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
     on_backend!(model.backend(), B => {
-        log_probs_on::<B>(model, rollouts, temperature, micro, chunk, extras, replicas)
+        log_probs_on::<B>(model, rollouts, temperature, micro, layout, chunk, extras, replicas)
     })
 }
 
 /// [`token_log_probs`] on the model's backend `B`.
+#[allow(clippy::too_many_arguments)]
 fn log_probs_on<B: FlowBackend>(
     model: &ModelResource,
     rollouts: &RolloutBatch,
     temperature: f64,
     micro: MicroBatching,
+    layout: Layout,
     chunk: usize,
     extras: Extras,
     replicas: &Replicas,
@@ -184,7 +189,7 @@ fn log_probs_on<B: FlowBackend>(
         let mut mine = Vec::with_capacity(rows.len());
         for chunk_rows in micro.split(rollouts, &rows) {
             let chunk_rows = chunk_rows.as_slice();
-            let seq = SequenceBatch::new(rollouts, chunk_rows)?;
+            let seq = SequenceBatch::with_layout(rollouts, chunk_rows, layout)?;
             let (out, sq) = if extras.sum_pi_squared {
                 let (out, sq) =
                     seq.log_probs_and_sum_pi_squared(&infer, temperature, chunk, &device)?;

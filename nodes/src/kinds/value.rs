@@ -5,8 +5,9 @@
 //! token t is the value head on the final hidden state at sequence position `P − 1 + t` — the
 //! position whose logits predict token t, verl's `values[:, -response_length - 1 : -1]` — and
 //! the values are multiplied by the response mask (verl: "only action tokens have values").
-//! Rows are processed `micro_batch_size` at a time and split over the run's devices like
-//! `logprob`'s.
+//! Rows are processed `micro_batch_size` at a time, or in micro-batches of at most
+//! `max_tokens_per_micro_batch` tokens, optionally `padding_free`, and split over the run's
+//! devices, all like `logprob`'s ([`crate::train::micro_batches`]).
 //!
 //! The model must be a value model (`value_head = true` on its `[models.*]` section).
 //! Metrics (verl's `compute_data_metrics`, over valid tokens): `critic/values/mean|max|min`.
@@ -25,7 +26,8 @@ use serde::Deserialize;
 use crate::resources::model::{ModelParams, ModelResource};
 use crate::runtime::backend::{FlowBackend, device_of, on_backend, replica_copy};
 use crate::runtime::data_parallel::{Replicas, shard};
-use crate::train::sequences::{SequenceBatch, masked_host};
+use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
+use crate::train::sequences::{Layout, SequenceBatch, masked_host};
 use crate::values::{RolloutBatch, TokenMatrix, TokenValues, port_types};
 
 /// The `value` kind.
@@ -39,10 +41,16 @@ struct ValueParams {
     /// the value model (a `[models.*]` with `value_head = true`)
     #[param(resource = "model", required)]
     model: String,
-    /// responses per forward pass (verl: critic.forward_micro_batch_size_per_gpu)
-    #[param(default = 16, min = 1.0)]
-    micro_batch_size: usize,
+    #[serde(flatten)]
+    #[param(specs = micro_batches::param_specs(
+        Some(MICRO_BATCH_SIZE),
+        "responses per forward pass (verl: critic.forward_micro_batch_size_per_gpu)",
+    ))]
+    micro: MicroBatchParams,
 }
+
+/// Default responses per forward pass.
+const MICRO_BATCH_SIZE: usize = 16;
 
 impl NodeKind for ValueKind {
     fn name(&self) -> &str {
@@ -76,7 +84,9 @@ impl NodeKind for ValueKind {
     }
 
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
-        value_model_diagnostics(ctx, "model").into_iter().collect()
+        let mut out: Vec<Diagnostic> = value_model_diagnostics(ctx, "model").into_iter().collect();
+        out.extend(micro_batches::diagnostics(ctx));
+        out
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
@@ -90,7 +100,8 @@ impl NodeKind for ValueKind {
         );
         Ok(Box::new(ValueNode {
             replicas: Replicas::new(&ctx.placement, &ctx.node)?,
-            p,
+            micro: p.micro.micro_batching(MICRO_BATCH_SIZE)?,
+            layout: p.micro.layout(),
             model,
         }))
     }
@@ -118,17 +129,23 @@ pub(crate) fn value_model_diagnostics(ctx: &ValidateCtx, key: &str) -> Option<Di
 
 struct ValueNode {
     replicas: Replicas,
-    p: ValueParams,
+    micro: MicroBatching,
+    layout: Layout,
     model: Arc<ModelResource>,
 }
 
 impl Node for ValueNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let rollouts = inputs.get_arc(ROLLOUTS)?;
+        let all: Vec<usize> = (0..rollouts.len()).collect();
+        if let Some(w) = self.micro.oversized_warning(&rollouts, &all) {
+            ctx.warn(w);
+        }
         let out = token_values(
             &self.model,
             &rollouts,
-            self.p.micro_batch_size,
+            self.micro,
+            self.layout,
             &self.replicas,
         )?;
         log_value_metrics(ctx, &out, &rollouts);
@@ -164,15 +181,17 @@ fn log_value_metrics(ctx: &mut StepContext, values: &TokenValues, rollouts: &Rol
 }
 
 /// The values of every response position of `rollouts` under the value model `model`, the rows
-/// split over `replicas` and gathered.
+/// split over `replicas`, each replica's share into micro-batches by `micro` laid out in
+/// `layout`, and gathered.
 pub fn token_values(
     model: &ModelResource,
     rollouts: &RolloutBatch,
-    micro_batch_size: usize,
+    micro: MicroBatching,
+    layout: Layout,
     replicas: &Replicas,
 ) -> Result<TokenValues> {
     on_backend!(model.backend(), B => {
-        values_on::<B>(model, rollouts, micro_batch_size, replicas)
+        values_on::<B>(model, rollouts, micro, layout, replicas)
     })
 }
 
@@ -180,7 +199,8 @@ pub fn token_values(
 fn values_on<B: FlowBackend>(
     model: &ModelResource,
     rollouts: &RolloutBatch,
-    micro_batch_size: usize,
+    micro: MicroBatching,
+    layout: Layout,
     replicas: &Replicas,
 ) -> Result<TokenValues> {
     let (infer, head) = model.value_model_inference::<B>()?;
@@ -194,8 +214,9 @@ fn values_on<B: FlowBackend>(
         };
         let rows: Vec<usize> = shard(b, r.world, r.index).collect();
         let mut mine = Vec::with_capacity(rows.len());
-        for chunk_rows in rows.chunks(micro_batch_size.max(1)) {
-            let seq = SequenceBatch::new(rollouts, chunk_rows)?;
+        for chunk_rows in micro.split(rollouts, &rows) {
+            let chunk_rows = chunk_rows.as_slice();
+            let seq = SequenceBatch::with_layout(rollouts, chunk_rows, layout)?;
             let (hidden, _) = seq.response_hidden(&infer, &device)?;
             let values = masked_host(head.forward(hidden), &seq.mask)?;
             for (k, &row) in chunk_rows.iter().enumerate() {

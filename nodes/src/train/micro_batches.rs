@@ -1,4 +1,4 @@
-//! How the `logprob`, `update.ppo` and `update.critic` nodes split their rows into micro-batches
+//! How the `logprob`, `value`, `update.ppo` and `update.critic` nodes split their rows into micro-batches
 //! (one forward, or forward and backward, each): a fixed number of rows (`micro_batch_size`,
 //! verl's `*_micro_batch_size_per_gpu`) or a token budget (`max_tokens_per_micro_batch`, verl's
 //! `use_dynamic_bsz` with `ppo_max_token_len_per_gpu` / `log_prob_max_token_len_per_gpu`).
@@ -22,15 +22,17 @@
 //! `geo_mean` loss (a mean per micro-batch), clip_cov's random draws (seeded per micro-batch)
 //! and the per-micro-batch means among the metrics.
 //!
-//! Not here: packing several rows into one padding-free sequence (verl `use_remove_padding`).
+//! `padding_free` (verl `use_remove_padding`) changes how a micro-batch is laid out, not which
+//! rows it holds: its sequences packed without padding ([`crate::train::sequences::Layout`]).
 
 use anyhow::{Result, bail};
 use flowrl_engine::{Diagnostic, ParamSpec, ValidateCtx};
 use serde::Deserialize;
 
+use crate::train::sequences::Layout;
 use crate::values::RolloutBatch;
 
-/// The two micro-batch parameters of a kind's parameter struct, as a flattened field whose specs
+/// The micro-batch parameters of a kind's parameter struct, as a flattened field whose specs
 /// are [`param_specs`]: `#[serde(flatten)] #[param(specs = micro_batches::param_specs(None,
 /// "..."))] micro: MicroBatchParams`.
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -39,9 +41,17 @@ pub struct MicroBatchParams {
     pub micro_batch_size: Option<usize>,
     /// A token budget per micro-batch instead.
     pub max_tokens_per_micro_batch: Option<usize>,
+    /// Lay a micro-batch's sequences out without padding.
+    #[serde(default)]
+    pub padding_free: bool,
 }
 
 impl MicroBatchParams {
+    /// How a micro-batch's rows are laid out for the forward pass.
+    pub fn layout(&self) -> Layout {
+        Layout::padding_free(self.padding_free)
+    }
+
     /// The micro-batching: the token budget when set, else `micro_batch_size` rows, or
     /// `default_rows` when that is not set either.
     pub fn micro_batching(&self, default_rows: usize) -> Result<MicroBatching> {
@@ -53,8 +63,8 @@ impl MicroBatchParams {
 }
 
 /// The specs of [`MicroBatchParams`], for a kind's parameter list: `micro_batch_size` (with
-/// `default_rows` as its default when given, documented by `rows_doc`) and
-/// `max_tokens_per_micro_batch`.
+/// `default_rows` as its default when given, documented by `rows_doc`),
+/// `max_tokens_per_micro_batch` and `padding_free`.
 pub fn param_specs(default_rows: Option<usize>, rows_doc: &str) -> Vec<ParamSpec> {
     let rows = ParamSpec::int("micro_batch_size").min(1.0);
     let rows = match default_rows {
@@ -68,6 +78,12 @@ pub fn param_specs(default_rows: Option<usize>, rows_doc: &str) -> Vec<ParamSpec
              *_max_token_len_per_gpu): rows packed by prompt + response length into the fewest \
              micro-batches of at most this many tokens, balanced; a longer row gets its own \
              (with a warning). Exclusive with micro_batch_size",
+        ),
+        ParamSpec::bool("padding_free").default(false).doc(
+            "pack each micro-batch's sequences without padding (verl use_remove_padding): \
+             rows of the longest sequence's length, attention kept inside each sequence, its \
+             own (multimodal) positions; the same log-probs as padded rows within float \
+             rounding, less compute and memory when lengths differ",
         ),
     ]
 }

@@ -26,6 +26,19 @@
 //!
 //! The `n` responses of one prompt share its images: the vision tower runs once per distinct
 //! image of the batch and its embeddings are gathered per row ([`Model::input_embeddings_shared`]).
+//!
+//! **Padding-free** ([`Layout::PaddingFree`], verl `use_remove_padding`): the sequences
+//! (prompt + response, no padding) are packed one after the other into rows of the longest
+//! sequence's length `C`, first-fit by decreasing length (ties in row order), each row's free
+//! tail padded. The attention mask numbers a row's sequences 1, 2, …, so attention stays inside
+//! each ([`flowrl_models::layers::causal_padding_bias`]); each sequence keeps the position ids it
+//! has in the padded layout (computed there by the model's capability, multimodal RoPE
+//! included, and copied over); the hidden states that predict the response tokens are gathered
+//! back into `[b, T, H]`, so the LM head, the loss and everything after see the padded path's
+//! shapes and values (equal within float rounding: the matmuls run over other rows). The
+//! decoder then runs over `rows · C` positions instead of `b · (P + T)`: with responses of
+//! mixed lengths, most of the padding is gone. The LM head still runs over the `[b, T]`
+//! response slots, the padded ones included.
 
 use std::collections::{HashMap, HashSet};
 
@@ -35,15 +48,37 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use flowrl_models::weights::Precision;
-use flowrl_models::{Model, PaddedBatch, ProcessedImage};
+use flowrl_models::{Model, PaddedBatch, PositionIds, ProcessedImage};
 
 use crate::resources::model::compute_view;
 use crate::values::RolloutBatch;
 
+/// How the rows of a micro-batch are laid out for the forward pass (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// One row per sequence: the prompt left-padded to the longest, the response right-padded.
+    #[default]
+    Padded,
+    /// Sequences packed one after the other into rows of the longest sequence's length.
+    PaddingFree,
+}
+
+impl Layout {
+    /// [`Layout::PaddingFree`] when `padding_free`, else [`Layout::Padded`].
+    pub fn padding_free(padding_free: bool) -> Self {
+        if padding_free {
+            Self::PaddingFree
+        } else {
+            Self::Padded
+        }
+    }
+}
+
 /// Rows of a rollout batch laid out for one forward pass (see the module doc).
 #[derive(Debug, Clone)]
 pub struct SequenceBatch {
-    /// `[b, P + T]` token ids and attention mask.
+    /// The forward pass's token ids and attention mask: `[b, P + T]` padded, or `[rows, C]`
+    /// packed (the mask then numbers each row's sequences).
     pub tokens: PaddedBatch,
     /// Longest prompt `P`.
     pub prompt_len: usize,
@@ -58,11 +93,45 @@ pub struct SequenceBatch {
     /// Per entry of `images`, the index of its first occurrence in `images` (rows answering the
     /// same prompt carry the same images).
     image_first: Vec<usize>,
+    /// Where each sequence sits in the packed rows ([`Layout::PaddingFree`]); `None` when padded.
+    packing: Option<Packing>,
+}
+
+/// A padding-free layout of the rows of a [`SequenceBatch`] (see the module doc).
+#[derive(Debug, Clone)]
+struct Packing {
+    /// The padded layout of the same rows, where each sequence's position ids are computed.
+    padded: PaddedBatch,
+    /// The rows' images in row order (the padded layout's).
+    padded_images: Vec<ProcessedImage>,
+    /// Per sequence, in row order: its packed row and the offset of its first token there.
+    starts: Vec<(usize, usize)>,
+    /// Per sequence: its prompt and response lengths.
+    lengths: Vec<(usize, usize)>,
 }
 
 impl SequenceBatch {
-    /// Lays out `rows` of `rollouts` (see the module doc).
+    /// Lays out `rows` of `rollouts` padded (see the module doc).
     pub fn new(rollouts: &RolloutBatch, rows: &[usize]) -> Result<Self> {
+        Self::with_layout(rollouts, rows, Layout::Padded)
+    }
+
+    /// Lays out `rows` of `rollouts` in `layout` (see the module doc).
+    pub fn with_layout(rollouts: &RolloutBatch, rows: &[usize], layout: Layout) -> Result<Self> {
+        let padded = Self::padded(rollouts, rows)?;
+        Ok(match layout {
+            Layout::Padded => padded,
+            Layout::PaddingFree => padded.packed(rollouts, rows),
+        })
+    }
+
+    /// Number of sequences (rows of the `[b, T]` outputs).
+    pub fn rows(&self) -> usize {
+        self.labels.len() / self.response_len
+    }
+
+    /// The padded layout.
+    fn padded(rollouts: &RolloutBatch, rows: &[usize]) -> Result<Self> {
         ensure!(!rows.is_empty(), "no rows to lay out");
         let pad = rollouts.prompts.pad_token_id;
         let t = rollouts.response_len();
@@ -118,7 +187,127 @@ impl SequenceBatch {
             mask,
             images,
             image_first,
+            packing: None,
         })
+    }
+
+    /// This padded layout's rows packed padding-free (see the module doc); `rows` are the rows
+    /// of `rollouts` it lays out, in its order.
+    fn packed(self, rollouts: &RolloutBatch, rows: &[usize]) -> Self {
+        let lengths: Vec<(usize, usize)> = rows
+            .iter()
+            .map(|&r| (rollouts.prompt_ids[r].len(), rollouts.response_ids[r].len()))
+            .collect();
+        let total: Vec<usize> = lengths.iter().map(|&(p, r)| p + r).collect();
+        let width = total.iter().copied().max().unwrap_or(0);
+        // First fit by decreasing length, ties in row order: deterministic.
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(total[i]), i));
+        let mut fill: Vec<usize> = Vec::new();
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut starts = vec![(0, 0); rows.len()];
+        for i in order {
+            let bin = match fill.iter().position(|&f| f + total[i] <= width) {
+                Some(bin) => bin,
+                None => {
+                    fill.push(0);
+                    members.push(Vec::new());
+                    fill.len() - 1
+                }
+            };
+            starts[i] = (bin, fill[bin]);
+            fill[bin] += total[i];
+            members[bin].push(i);
+        }
+        // Each sequence's tokens and images, from its padded row.
+        let len = self.tokens.len;
+        let mut image_ranges = Vec::with_capacity(rows.len());
+        let mut next = 0;
+        for &r in rows {
+            let n = rollouts.prompts.prompts[rollouts.prompt_index[r]]
+                .images
+                .len();
+            image_ranges.push(next..next + n);
+            next += n;
+        }
+        let pad = rollouts.prompts.pad_token_id;
+        let mut ids = vec![pad; fill.len() * width];
+        let mut attention = vec![0u32; fill.len() * width];
+        let mut images = Vec::with_capacity(self.images.len());
+        let mut image_first = Vec::with_capacity(self.images.len());
+        let mut first_of: HashMap<usize, usize> = HashMap::new();
+        for (bin, seqs) in members.iter().enumerate() {
+            for (segment, &i) in seqs.iter().enumerate() {
+                let (p, r) = lengths[i];
+                let from = i * len + self.prompt_len - p;
+                let to = bin * width + starts[i].1;
+                ids[to..to + p + r].copy_from_slice(&self.tokens.ids[from..from + p + r]);
+                attention[to..to + p + r].fill(segment as u32 + 1);
+                for k in image_ranges[i].clone() {
+                    let first = self.image_first[k];
+                    image_first.push(*first_of.entry(first).or_insert(images.len()));
+                    images.push(self.images[k].clone());
+                }
+            }
+        }
+        let packed = PaddedBatch {
+            ids,
+            attention_mask: attention,
+            batch: fill.len(),
+            len: width,
+        };
+        Self {
+            packing: Some(Packing {
+                padded: self.tokens,
+                padded_images: self.images,
+                starts,
+                lengths,
+            }),
+            tokens: packed,
+            images,
+            image_first,
+            ..self
+        }
+    }
+
+    /// The position ids of the forward pass: the model's on the padded layout, copied to where
+    /// each sequence sits when packed.
+    fn position_ids<B: Backend>(&self, model: &Model<B>) -> Result<PositionIds> {
+        let Some(packing) = &self.packing else {
+            return model.position_ids(&self.tokens, &self.images);
+        };
+        let padded = model.position_ids(&packing.padded, &packing.padded_images)?;
+        let (rows, width) = (self.tokens.batch, self.tokens.len);
+        let mut ids = vec![0i64; padded.streams * rows * width];
+        for (i, (&(bin, offset), &(p, r))) in
+            packing.starts.iter().zip(&packing.lengths).enumerate()
+        {
+            for s in 0..padded.streams {
+                let from = (s * padded.batch + i) * padded.len + self.prompt_len - p;
+                let to = (s * rows + bin) * width + offset;
+                ids[to..to + p + r].copy_from_slice(&padded.ids[from..from + p + r]);
+            }
+        }
+        Ok(PositionIds {
+            streams: padded.streams,
+            batch: rows,
+            len: width,
+            ids,
+            rope_deltas: vec![0; rows],
+        })
+    }
+
+    /// Per response slot `(row, t)` of `[b, T]`, the index in the flattened `[rows · C]` packed
+    /// positions of the hidden state that predicts it (a padded slot repeats its row's last
+    /// prompt position: its value is masked).
+    fn packed_response_index(&self, packing: &Packing) -> Vec<i64> {
+        let width = self.tokens.len;
+        let mut index = Vec::with_capacity(self.labels.len());
+        for (&(bin, offset), &(p, r)) in packing.starts.iter().zip(&packing.lengths) {
+            let last_prompt = bin * width + offset + p - 1;
+            index.extend((0..self.response_len).map(|t| (last_prompt + t.min(r)) as i64));
+        }
+        index
     }
 
     /// `[b, T]` response mask tensor.
@@ -127,7 +316,7 @@ impl SequenceBatch {
             TensorData::new(self.mask.clone(), [self.mask.len()]),
             device,
         )
-        .reshape([self.tokens.batch, self.response_len])
+        .reshape([self.rows(), self.response_len])
     }
 
     /// The final hidden states `[b, T, H]` that predict the response tokens (sequence positions
@@ -140,7 +329,7 @@ impl SequenceBatch {
         let lm = model.causal_lm();
         let embeds =
             model.input_embeddings_shared(&self.tokens, &self.images, &self.image_first, device)?;
-        let positions = model.position_ids(&self.tokens, &self.images)?;
+        let positions = self.position_ids(model)?;
         let hidden = lm.forward_hidden(
             self.tokens.ids_tensor::<B>(device),
             embeds,
@@ -148,12 +337,24 @@ impl SequenceBatch {
             self.tokens.mask_tensor::<B>(device),
             None,
         );
-        let response_hidden = hidden.narrow(1, self.prompt_len - 1, self.response_len);
+        let (b, t) = (self.rows(), self.response_len);
+        let response_hidden = match &self.packing {
+            None => hidden.narrow(1, self.prompt_len - 1, t),
+            Some(packing) => {
+                let [rows, width, h] = hidden.dims();
+                let index = self.packed_response_index(packing);
+                let index = Tensor::<B, 1, Int>::from_data(TensorData::new(index, [b * t]), device);
+                hidden
+                    .reshape([rows * width, h])
+                    .select(0, index)
+                    .reshape([b, t, h])
+            }
+        };
         let labels = Tensor::<B, 1, Int>::from_data(
             TensorData::new(self.labels.clone(), [self.labels.len()]),
             device,
         )
-        .reshape([self.tokens.batch, self.response_len]);
+        .reshape([b, t]);
         Ok((response_hidden, labels))
     }
 

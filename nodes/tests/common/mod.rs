@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod graph;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

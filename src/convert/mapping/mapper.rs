@@ -155,6 +155,22 @@ impl Mapper<'_> {
         Some((m, format!("{global} ÷ {} GPUs", self.dp)))
     }
 
+    /// verl's `use_remove_padding` at `key` → the kind's `padding_free` when it has one (a kind
+    /// without one lays sequences out padded: the same numbers, more memory).
+    pub(super) fn padding_free(&mut self, s: &mut Section, kind: &str, key: &str) {
+        if !self.flag(key) {
+            return;
+        }
+        if self.kind_has(kind, "padding_free") {
+            s.set("padding_free", "true".to_string(), key);
+        } else {
+            self.not_carried(
+                key,
+                format!("`{kind}` lays its sequences out padded: the same numbers, more memory"),
+            );
+        }
+    }
+
     /// verl's dynamic micro-batches (`use_dynamic_bsz` + a token budget) → the kind's
     /// `max_tokens_per_micro_batch` when it has one.
     fn dynamic(&mut self, s: &mut Section, kind: &str, use_key: &str, len_key: &str) {

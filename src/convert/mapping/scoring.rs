@@ -37,6 +37,7 @@ pub(super) fn scoring(m: &mut Mapper, p: &Plan, rollouts: &str) {
                 "critic.forward_max_token_len_per_gpu",
             ],
         );
+        m.padding_free(&mut v, "value", "critic.model.use_remove_padding");
         m.sections.push(v);
     }
 }
@@ -68,6 +69,12 @@ fn log_probs(
             &format!("{prefix}.log_prob_use_dynamic_bsz"),
             &format!("{prefix}.log_prob_max_token_len_per_gpu"),
         ],
+    );
+    // verl computes both log-prob passes with the actor's module settings.
+    m.padding_free(
+        &mut s,
+        "logprob",
+        "actor_rollout_ref.actor.use_remove_padding",
     );
     p.logits_temperature(&mut s);
     s

@@ -96,6 +96,12 @@ fn ppo_batches(m: &mut Mapper, s: &mut Section, kind: &str, prefix: &str) {
             &format!("{prefix}.ppo_max_token_len_per_gpu"),
         ],
     );
+    let remove_padding = if prefix == "critic" {
+        "critic.model.use_remove_padding".to_string()
+    } else {
+        format!("{prefix}.use_remove_padding")
+    };
+    m.padding_free(s, kind, &remove_padding);
     m.int_param(s, kind, "ppo_epochs", &format!("{prefix}.ppo_epochs"));
 }
 

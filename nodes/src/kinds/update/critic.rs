@@ -323,7 +323,7 @@ impl CriticUpdateNode {
         let mut loss = 0.0;
         for micro in micro.split(rollouts, mini) {
             let micro = micro.as_slice();
-            let seq = SequenceBatch::new(rollouts, micro)?;
+            let seq = SequenceBatch::with_layout(rollouts, micro, self.p.micro.layout())?;
             let mask = seq.mask_tensor::<B>(&device);
             // The trunk on a view of the weights in `precision` (a recorded cast: the
             // gradients land on the f32 masters), the head in f32.

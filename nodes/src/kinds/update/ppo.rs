@@ -566,7 +566,7 @@ impl PpoUpdateNode {
         let loss = self.loss;
         for micro in micro.split(rollouts, mine) {
             let micro = micro.as_slice();
-            let seq = SequenceBatch::new(rollouts, micro)?;
+            let seq = SequenceBatch::with_layout(rollouts, micro, self.p.micro.layout())?;
             let mask = seq.mask_tensor::<B>(&device);
             // Two-stage backward on one view of the weights in `precision` (a fresh one per
             // micro-batch: a backward consumes the graph of the casts); the gradients land on

@@ -1,0 +1,303 @@
+//! Padding-free micro-batches (`padding_free = true`, verl `use_remove_padding`) against padded
+//! ones, for every model family in `assets/` (one checkpoint per `model_type`: Qwen2-VL's
+//! multimodal RoPE, Qwen3-VL's interleaved one with DeepStack, Gemma 4's plain RoPE with sliding
+//! windows), on the family's rollouts (3 prompts with an image each × 4 responses), their
+//! responses replaced by 1 to (prompt + 10) tokens so that the sequences differ in length and short ones
+//! share a packed row (checked):
+//!
+//! - `logprob`: the same log-probs, entropies and Σπ² (within 1e-5 relative: the packed rows run
+//!   other matmul shapes);
+//! - `value` (Qwen2-VL with a value head): the same values, within 1e-5 relative;
+//! - `update.ppo` in the token- and sequence-normalised modes, and `update.critic` (Qwen2-VL with a
+//!   value head): the same step (weights after one AdamW step within 1e-5 of their largest change,
+//!   losses and gradient norm within 1e-5 relative). As in `token_budget.rs`, the step is AdamW's
+//!   first with ε = 1, lr 1: Δw = g / (|g| + 1), a smooth function of the gradient.
+//!
+//! Wrong positions, attention that crossed sequences or hidden states gathered from the wrong
+//! places would each move the log-probs far beyond these tolerances.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::graph::{
+    advantages, assert_same_metrics, assert_same_update, build, graph_of, log_probs_of,
+    rollouts_of, value,
+};
+use flowrl_engine::Inputs;
+use flowrl_nodes::RolloutBatch;
+use flowrl_nodes::train::sequences::{Layout, SequenceBatch};
+use flowrl_nodes::values::{TokenLogProbs, TokenMatrix, TokenValues, port_types};
+
+/// Serialises this file's tests (burn 0.21's autodiff, tracel-ai/burn#5573: see
+/// `chunked_backward.rs`).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One checkpoint per `model_type` among `assets/*/config.json` (in name order), as paths
+/// relative to the repository.
+fn families() -> Vec<(String, String)> {
+    let assets = common::root().join("assets");
+    let mut dirs: Vec<_> = std::fs::read_dir(&assets)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.json").is_file() && p.join("tokenizer.json").is_file())
+        .collect();
+    dirs.sort();
+    let mut by_type = BTreeMap::new();
+    for dir in dirs {
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let model_type = config["model_type"].as_str().unwrap().to_string();
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        by_type
+            .entry(model_type)
+            .or_insert_with(|| format!("assets/{name}"));
+    }
+    for family in ["qwen2_vl", "qwen3_vl", "gemma4"] {
+        assert!(
+            by_type.contains_key(family),
+            "no {family} checkpoint in assets/"
+        );
+    }
+    by_type.into_iter().collect()
+}
+
+/// The response length of test row r with a prompt of `p` tokens: every third row as long as
+/// its prompt and 10 tokens more, the others 1 to 4 tokens or 15 + r, so that two short
+/// sequences fit in the longest one's row.
+fn response_length(r: usize, p: usize) -> usize {
+    match r % 3 {
+        0 => p + 10,
+        1 => r / 3 + 1,
+        _ => 15 + r,
+    }
+}
+
+/// `rollouts` with response r replaced by [`response_length`] tokens: its own, then its prompt's text
+/// tokens over and over (any token is a response whose log-probs can be scored).
+fn mixed_lengths(rollouts: &RolloutBatch) -> Arc<RolloutBatch> {
+    let mut out = rollouts.clone();
+    let t = (0..out.len())
+        .map(|r| response_length(r, out.prompt_ids[r].len()))
+        .max()
+        .unwrap();
+    out.response_mask = TokenMatrix::zeros(out.len(), t);
+    out.sampling_log_probs = TokenMatrix::zeros(out.len(), t);
+    let image = out.prompts.image_token_id;
+    for r in 0..out.len() {
+        let text: Vec<u32> = out.prompt_ids[r]
+            .iter()
+            .copied()
+            .filter(|&id| Some(id) != image)
+            .collect();
+        let ids: Vec<u32> = out.response_ids[r]
+            .iter()
+            .copied()
+            .chain(text.iter().copied().cycle())
+            .take(response_length(r, out.prompt_ids[r].len()))
+            .collect();
+        out.response_mask.row_mut(r)[..ids.len()].fill(1.0);
+        out.response_ids[r] = ids;
+        out.truncated[r] = false;
+    }
+    out.check().unwrap();
+    Arc::new(out)
+}
+
+/// The family's rollouts with mixed lengths, checked to pack several sequences to a row.
+fn packable_rollouts(model: &str) -> Arc<RolloutBatch> {
+    let rollouts = mixed_lengths(&rollouts_of(model));
+    let rows: Vec<usize> = (0..rollouts.len()).collect();
+    let packed = SequenceBatch::with_layout(&rollouts, &rows, Layout::PaddingFree).unwrap();
+    let padded = SequenceBatch::new(&rollouts, &rows).unwrap();
+    assert!(
+        packed.tokens.batch < rows.len(),
+        "{model}: {} sequences in {} packed rows",
+        rows.len(),
+        packed.tokens.batch
+    );
+    let real: usize = padded
+        .tokens
+        .attention_mask
+        .iter()
+        .map(|&m| m as usize)
+        .sum();
+    eprintln!(
+        "{model}: {} real tokens; padded {} × {}, packed {} × {}",
+        real, padded.tokens.batch, padded.tokens.len, packed.tokens.batch, packed.tokens.len
+    );
+    assert!(packed.tokens.batch * packed.tokens.len < padded.tokens.batch * padded.tokens.len);
+    rollouts
+}
+
+fn assert_close_log_probs(x: &TokenLogProbs, y: &TokenLogProbs, what: &str) {
+    let parts = [
+        ("log-probs", Some(&x.log_probs), Some(&y.log_probs)),
+        ("entropy", x.entropy.as_ref(), y.entropy.as_ref()),
+        ("Σπ²", x.sum_pi_squared.as_ref(), y.sum_pi_squared.as_ref()),
+    ];
+    for (name, a, b) in parts {
+        let (a, b) = (a.expect(name), b.expect(name));
+        let scale = a.data.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let d = common::max_abs_diff(&a.data, &b.data);
+        assert!(
+            d <= 1e-5 * scale,
+            "{what}: {name} differ by {d} (largest |value| {scale})"
+        );
+    }
+}
+
+#[test]
+fn logprob_gives_the_padded_values_padding_free_for_every_family() {
+    let _s = serial();
+    for (model_type, model) in families() {
+        let rollouts = packable_rollouts(&model);
+        let nodes = ["padded", "packed"]
+            .iter()
+            .map(|name| {
+                format!(
+                    r#"
+[nodes.{name}]
+kind = "logprob"
+model = "a"
+inputs = {{ rollouts = "rollout.rollouts" }}
+micro_batch_size = 6
+entropy = true
+sum_pi_squared = true
+padding_free = {}
+"#,
+                    *name == "packed"
+                )
+            })
+            .collect::<String>();
+        let mut b = build(&graph_of(&model, &nodes, false), false);
+        let (padded, _) = log_probs_of(&mut b, "padded", &rollouts);
+        let (packed, _) = log_probs_of(&mut b, "packed", &rollouts);
+        assert_close_log_probs(&padded, &packed, &model_type);
+    }
+}
+
+#[test]
+fn update_ppo_takes_the_padded_step_padding_free_for_every_family() {
+    let _s = serial();
+    for (model_type, model) in families() {
+        let rollouts = packable_rollouts(&model);
+        let adv = advantages(&rollouts);
+        for mode in ["token-mean", "seq-mean-token-mean"] {
+            let update = |name: &str, model: &str, padding_free: bool| {
+                format!(
+                    r#"
+[nodes.{name}]
+kind = "update.ppo"
+model = "{model}"
+inputs = {{ rollouts = "rollout.rollouts", advantages = "adv.advantages", old_log_probs = "old.log_probs" }}
+loss_agg_mode = "{mode}"
+lr = 1.0
+eps = 1.0
+entropy_coeff = 0.01
+micro_batch_size = 6
+padding_free = {padding_free}
+"#
+                )
+            };
+            let nodes = format!(
+                r#"
+[nodes.old]
+kind = "logprob"
+model = "a"
+inputs = {{ rollouts = "rollout.rollouts" }}
+{}{}"#,
+                update("padded", "a", false),
+                update("packed", "b", true),
+            );
+            let mut b = build(&graph_of(&model, &nodes, false), false);
+            let before = b.weights("a");
+            assert_eq!(before, b.weights("b"));
+            let (old, _) = log_probs_of(&mut b, "old", &rollouts);
+            let inputs = |node: &str| {
+                let mut i = Inputs::new(node);
+                i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+                i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
+                i.insert(
+                    "old_log_probs",
+                    value(port_types::TOKEN_LOG_PROBS, old.clone()),
+                );
+                i
+            };
+            let padded = b.run("padded", inputs("padded"));
+            let packed = b.run("packed", inputs("packed"));
+            let what = format!("{model_type} {mode}");
+            assert_same_metrics(&padded.metrics, &packed.metrics, &what);
+            assert_same_update(&before, &b.weights("a"), &b.weights("b"), &what);
+        }
+    }
+}
+
+#[test]
+fn value_and_update_critic_give_the_padded_values_and_step_padding_free() {
+    let _s = serial();
+    let model = common::graph::TINY_POLICY;
+    let rollouts = packable_rollouts(model);
+    let adv = advantages(&rollouts);
+    let nodes = r#"
+[nodes.values]
+kind = "value"
+model = "a"
+inputs = { rollouts = "rollout.rollouts" }
+
+[nodes.values_packed]
+kind = "value"
+model = "a"
+inputs = { rollouts = "rollout.rollouts" }
+padding_free = true
+"#
+    .to_string()
+        + &[("padded", "a", false), ("packed", "b", true)]
+            .iter()
+            .map(|(name, model, padding_free)| {
+                format!(
+                    r#"
+[nodes.{name}]
+kind = "update.critic"
+model = "{model}"
+inputs = {{ rollouts = "rollout.rollouts", values = "values.values", advantages = "adv.advantages" }}
+lr = 1.0
+eps = 1.0
+micro_batch_size = 6
+padding_free = {padding_free}
+"#
+                )
+            })
+            .collect::<String>();
+    let mut b = build(&graph_of(model, &nodes, true), true);
+    let before = b.weights("a");
+    let mut i = Inputs::new("values");
+    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+    let values: Arc<TokenValues> = b.run("values", i).out.get_arc("values").unwrap();
+    let mut i = Inputs::new("values_packed");
+    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+    let packed: Arc<TokenValues> = b.run("values_packed", i).out.get_arc("values").unwrap();
+    let scale = values.values.data.iter().fold(1f32, |m, x| m.max(x.abs()));
+    let d = common::max_abs_diff(&values.values.data, &packed.values.data);
+    assert!(
+        d <= 1e-5 * scale,
+        "values differ by {d} (largest |value| {scale})"
+    );
+    let inputs = |node: &str| {
+        let mut i = Inputs::new(node);
+        i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+        i.insert("values", value(port_types::VALUES, values.clone()));
+        i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
+        i
+    };
+    let padded = b.run("padded", inputs("padded"));
+    let packed = b.run("packed", inputs("packed"));
+    assert_same_metrics(&padded.metrics, &packed.metrics, "critic");
+    assert_same_update(&before, &b.weights("a"), &b.weights("b"), "critic");
+}
