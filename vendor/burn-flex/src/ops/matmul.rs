@@ -245,6 +245,11 @@ fn matmul_gemm<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
 
 /// 2D matmul with strided support: [M, K] x [K, N] -> [M, N]
 fn matmul_2d_strided<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
+    matmul_2d_impl::<T>(lhs, rhs, true)
+}
+
+/// flowrl patch: `small_m` = whether f32 products of few rows may leave gemm.
+fn matmul_2d_impl<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor, small_m: bool) -> FlexTensor {
     let lhs_shape = lhs.layout().shape();
     let rhs_shape = rhs.layout().shape();
 
@@ -266,6 +271,53 @@ fn matmul_2d_strided<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor) -> FlexTen
 
     let parallelism = get_parallelism(m, n, k);
 
+    // flowrl patch: f32 products of a few rows (a decoding step's `x · Wᵀ`) skip gemm, which
+    // packs the whole weight on every call: OpenBLAS with the `openblas` feature, else the direct
+    // kernel below when both operands are contiguous along `k`.
+    if small_m && T::dtype() == DType::F32 && small_m_size(m, k, n) {
+        let (lhs_f, rhs_f, out_f) = (
+            lhs_ptr as *const f32,
+            rhs_ptr as *const f32,
+            out_data.as_mut_ptr() as *mut f32,
+        );
+        #[cfg(feature = "openblas")]
+        if m >= openblas::MIN_ROWS
+            && unsafe {
+                openblas::sgemm(
+                    m,
+                    k,
+                    n,
+                    lhs_f,
+                    lhs_row_stride,
+                    lhs_col_stride,
+                    rhs_f,
+                    rhs_row_stride,
+                    rhs_col_stride,
+                    out_f,
+                )
+            }
+        {
+            return output;
+        }
+        if small_m_layout(lhs_col_stride, rhs_row_stride) {
+            #[cfg(all(target_arch = "x86_64", feature = "std"))]
+            unsafe {
+                small_m::matmul(
+                    m,
+                    k,
+                    n,
+                    lhs_f,
+                    lhs_row_stride,
+                    rhs_f,
+                    rhs_col_stride,
+                    out_f,
+                    !matches!(parallelism, gemm::Parallelism::None),
+                );
+            }
+            return output;
+        }
+    }
+
     unsafe {
         gemm_call(
             m,
@@ -285,6 +337,17 @@ fn matmul_2d_strided<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor) -> FlexTen
     }
 
     output
+}
+
+/// flowrl patch: burn-flex's f32 2-D matmul through gemm alone, as the release computes it (the
+/// small-row paths off): the reference for the equivalence tests and the benchmark
+/// (`bench/src/bin/blas.rs`).
+#[doc(hidden)]
+pub fn matmul_f32_gemm_reference(lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
+    assert_eq!(lhs.dtype(), DType::F32);
+    assert_eq!(lhs.layout().shape().num_dims(), 2);
+    assert_eq!(rhs.layout().shape().num_dims(), 2);
+    matmul_2d_impl::<f32>(lhs, rhs, false)
 }
 
 /// Strided gemm call for one matrix. Wraps `gemm::gemm` with GemmScalar zero/one.
@@ -447,6 +510,314 @@ fn matmul_batched_gemm<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor) -> FlexT
 }
 
 // ============================================================================
+// flowrl patch: f32 `X · Wᵀ` for a few rows of X (KV-cached decoding)
+// ============================================================================
+
+/// flowrl patch: the most lhs rows that take the direct kernel ([`small_m`]) instead of gemm.
+/// A decoding step multiplies at most one row per sequence by every weight; gemm (which
+/// transposes the problem so the weight becomes its packed lhs) copies the whole weight into its
+/// packing buffer on every such call. The direct kernel reads the `[out, in]` weight in place.
+/// The crossover was measured on the benchmark model's shapes (bench/results/blas.md).
+const SMALL_M_MAX_ROWS: usize = 64;
+
+/// flowrl patch: the fewest rhs elements (`k · n`) for the direct kernel (tiny products stay on
+/// gemm, whose packing costs nothing there).
+const SMALL_M_MIN_RHS: usize = 64 * 64;
+
+/// flowrl patch: whether an f32 `[m, k] · [k, n]` is a small-row product (decoding).
+#[inline]
+fn small_m_size(m: usize, k: usize, n: usize) -> bool {
+    (1..=SMALL_M_MAX_ROWS).contains(&m) && k >= 16 && k.saturating_mul(n) >= SMALL_M_MIN_RHS
+}
+
+/// flowrl patch: whether the direct kernel takes a small-row product: both operands contiguous
+/// along `k` (`lhs` row-major, `rhs` the transposed view of a row-major `[n, k]` weight, any row
+/// strides) and the CPU has AVX-512 (else gemm).
+#[inline]
+fn small_m_layout(lhs_cs: isize, rhs_rs: isize) -> bool {
+    #[cfg(all(target_arch = "x86_64", feature = "std"))]
+    {
+        lhs_cs == 1 && rhs_rs == 1 && small_m::available()
+    }
+    #[cfg(not(all(target_arch = "x86_64", feature = "std")))]
+    {
+        let _ = (lhs_cs, rhs_rs);
+        false
+    }
+}
+
+/// flowrl patch: `out[i, j] = Σ_l lhs[i, l] · rhs[l, j]` as dot products of rows of `lhs` with
+/// columns of `rhs` (both contiguous), AVX-512, 4 × 4 output tiles, the columns split across
+/// rayon's pool. Every weight element is read once per call from where it is stored (the
+/// 4-column block stays in L1 while all lhs rows pass over it), and nothing is packed.
+#[cfg(all(target_arch = "x86_64", feature = "std"))]
+mod small_m {
+    use core::arch::x86_64::*;
+
+    pub(super) fn available() -> bool {
+        std::is_x86_feature_detected!("avx512f")
+    }
+
+    #[derive(Clone, Copy)]
+    struct Ptrs {
+        lhs: *const f32,
+        rhs: *const f32,
+        out: *mut f32,
+    }
+    // Safety: the caller of `matmul` guarantees the pointers stay valid for the call, and the
+    // tasks write disjoint columns of `out`.
+    unsafe impl Send for Ptrs {}
+    unsafe impl Sync for Ptrs {}
+
+    /// Columns per tile.
+    const NB: usize = 4;
+    /// Rows per tile.
+    const MB: usize = 4;
+
+    /// # Safety
+    /// `lhs` valid for `m` rows of `k` contiguous elements `lhs_rs` apart, `rhs` for `n` columns
+    /// of `k` contiguous elements `rhs_cs` apart, `out` for `m · n` writes (row-major), and
+    /// [`available`] returned true.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul(
+        m: usize,
+        k: usize,
+        n: usize,
+        lhs: *const f32,
+        lhs_rs: isize,
+        rhs: *const f32,
+        rhs_cs: isize,
+        out: *mut f32,
+        parallel: bool,
+    ) {
+        let p = Ptrs { lhs, rhs, out };
+        let run = move |j0: usize, j1: usize| {
+            let p = p;
+            unsafe { columns(m, k, n, p.lhs, lhs_rs, p.rhs, rhs_cs, p.out, j0, j1) }
+        };
+        #[cfg(feature = "rayon")]
+        if parallel {
+            use rayon::prelude::*;
+            // A few tasks per thread, whole tiles each, so that a slow core does not hold the rest.
+            let tasks = rayon::current_num_threads().max(1) * 4;
+            let cols = n.div_ceil(tasks).next_multiple_of(NB);
+            (0..n.div_ceil(cols))
+                .into_par_iter()
+                .for_each(|t| run(t * cols, ((t + 1) * cols).min(n)));
+            return;
+        }
+        let _ = parallel;
+        run(0, n);
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn columns(
+        m: usize,
+        k: usize,
+        n: usize,
+        lhs: *const f32,
+        lhs_rs: isize,
+        rhs: *const f32,
+        rhs_cs: isize,
+        out: *mut f32,
+        j0: usize,
+        j1: usize,
+    ) {
+        let mut j = j0;
+        while j < j1 {
+            let nb = (j1 - j).min(NB);
+            let b = rhs.wrapping_offset(j as isize * rhs_cs);
+            let mut i = 0;
+            while i < m {
+                let mb = (m - i).min(MB);
+                let a = lhs.wrapping_offset(i as isize * lhs_rs);
+                let o = out.wrapping_add(i * n + j);
+                macro_rules! dispatch {
+                    ($(($r:literal, $c:literal)),*) => {
+                        match (mb, nb) {
+                            $(($r, $c) => unsafe { tile::<$r, $c>(k, a, lhs_rs, b, rhs_cs, o, n) },)*
+                            _ => unreachable!(),
+                        }
+                    };
+                }
+                dispatch!(
+                    (4, 4),
+                    (4, 3),
+                    (4, 2),
+                    (4, 1),
+                    (3, 4),
+                    (3, 3),
+                    (3, 2),
+                    (3, 1),
+                    (2, 4),
+                    (2, 3),
+                    (2, 2),
+                    (2, 1),
+                    (1, 4),
+                    (1, 3),
+                    (1, 2),
+                    (1, 1)
+                );
+                i += mb;
+            }
+            j += nb;
+        }
+    }
+
+    /// One `R × C` tile of `out` (row stride `ldo`): `R · C` accumulators of 16 lanes over `k`,
+    /// the tail under a mask, then one horizontal sum each.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn tile<const R: usize, const C: usize>(
+        k: usize,
+        a: *const f32,
+        lhs_rs: isize,
+        b: *const f32,
+        rhs_cs: isize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); C]; R];
+            let mut l = 0;
+            while l + 16 <= k {
+                let mut bv = [_mm512_setzero_ps(); C];
+                for c in 0..C {
+                    bv[c] = _mm512_loadu_ps(b.offset(c as isize * rhs_cs).add(l));
+                }
+                for r in 0..R {
+                    let av = _mm512_loadu_ps(a.offset(r as isize * lhs_rs).add(l));
+                    for c in 0..C {
+                        acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+                    }
+                }
+                l += 16;
+            }
+            if l < k {
+                let mask = ((1u32 << (k - l)) - 1) as __mmask16;
+                let mut bv = [_mm512_setzero_ps(); C];
+                for c in 0..C {
+                    bv[c] = _mm512_maskz_loadu_ps(mask, b.offset(c as isize * rhs_cs).add(l));
+                }
+                for r in 0..R {
+                    let av = _mm512_maskz_loadu_ps(mask, a.offset(r as isize * lhs_rs).add(l));
+                    for c in 0..C {
+                        acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    *out.add(r * ldo + c) = _mm512_reduce_add_ps(acc[r][c]);
+                }
+            }
+        }
+    }
+}
+
+/// flowrl patch (`openblas` feature): small-row f32 products through the system OpenBLAS's
+/// `cblas_sgemm` (`apt-get install libopenblas-dev`; linked by name, nothing is downloaded).
+#[cfg(feature = "openblas")]
+mod openblas {
+    use core::ffi::c_int;
+
+    /// Fewer rows than this stay on the direct kernel, which is faster there (measured in
+    /// bench/results/blas.md: OpenBLAS 0.3.21 wins at 64 rows, the direct kernel at 8).
+    pub(super) const MIN_ROWS: usize = 24;
+
+    const ROW_MAJOR: c_int = 101;
+    const NO_TRANS: c_int = 111;
+    const TRANS: c_int = 112;
+
+    #[link(name = "openblas")]
+    unsafe extern "C" {
+        fn cblas_sgemm(
+            order: c_int,
+            trans_a: c_int,
+            trans_b: c_int,
+            m: c_int,
+            n: c_int,
+            k: c_int,
+            alpha: f32,
+            a: *const f32,
+            lda: c_int,
+            b: *const f32,
+            ldb: c_int,
+            beta: f32,
+            c: *mut f32,
+            ldc: c_int,
+        );
+    }
+
+    /// How cblas reads a `rows × cols` operand with these strides: (transposed, leading
+    /// dimension), or `None` when neither stride is 1 (or the leading one too small / too big).
+    fn operand(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<(c_int, c_int)> {
+        let ld = |stride: isize, min: usize| -> Option<c_int> {
+            let ld = if stride >= min.max(1) as isize {
+                stride as usize
+            } else {
+                return None;
+            };
+            c_int::try_from(ld).ok()
+        };
+        if cs == 1 {
+            // Row-major; a single row's row stride is irrelevant.
+            let ld = if rows == 1 {
+                Some(cols.max(1) as c_int)
+            } else {
+                ld(rs, cols)
+            }?;
+            Some((NO_TRANS, ld))
+        } else if rs == 1 {
+            let ld = if cols == 1 {
+                Some(rows.max(1) as c_int)
+            } else {
+                ld(cs, rows)
+            }?;
+            Some((TRANS, ld))
+        } else {
+            None
+        }
+    }
+
+    /// `out = lhs · rhs` (`out` row-major `[m, n]`); false (nothing written) when cblas cannot
+    /// read an operand's strides.
+    ///
+    /// # Safety
+    /// The pointers are valid for the strided `[m, k]`, `[k, n]` and the `[m, n]` output.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn sgemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        lhs: *const f32,
+        lhs_rs: isize,
+        lhs_cs: isize,
+        rhs: *const f32,
+        rhs_rs: isize,
+        rhs_cs: isize,
+        out: *mut f32,
+    ) -> bool {
+        let (Some((ta, lda)), Some((tb, ldb))) =
+            (operand(m, k, lhs_rs, lhs_cs), operand(k, n, rhs_rs, rhs_cs))
+        else {
+            return false;
+        };
+        let (Ok(mi), Ok(ni), Ok(ki)) = (c_int::try_from(m), c_int::try_from(n), c_int::try_from(k))
+        else {
+            return false;
+        };
+        unsafe {
+            cblas_sgemm(
+                ROW_MAJOR, ta, tb, mi, ni, ki, 1.0, lhs, lda, rhs, ldb, 0.0, out, ni,
+            );
+        }
+        true
+    }
+}
+
+// ============================================================================
 // bf16 matmul (via f32 conversion)
 // ============================================================================
 
@@ -462,8 +833,7 @@ fn matmul_bf16(lhs: FlexTensor, rhs: FlexTensor) -> FlexTensor {
     let result_f32 = matmul_gemm::<f32>(lhs_f32_tensor, rhs_f32_tensor);
 
     // Convert f32 -> bf16
-    let result_bf16: Vec<bf16> =
-        crate::ops::par::map(result_f32.storage::<f32>(), bf16::from_f32);
+    let result_bf16: Vec<bf16> = crate::ops::par::map(result_f32.storage::<f32>(), bf16::from_f32);
 
     FlexTensor::new(
         Bytes::from_elems(result_bf16),
@@ -968,5 +1338,93 @@ mod tests {
         let values: Vec<f16> = result.into_data().to_vec().unwrap();
         let expected: Vec<f16> = expected.into_data().to_vec().unwrap();
         assert_eq!(values, expected);
+    }
+
+    // flowrl patch: the small-row paths (direct kernel, or OpenBLAS with `openblas`) against
+    // gemm alone, on odd sizes, sliced (row-strided) operands and transposed views.
+    fn lcg_matrix(seed: u64, rows: usize, cols: usize) -> FlexTensor {
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        FlexTensor::from_data(TensorData::new(values, [rows, cols]))
+    }
+
+    fn cols_slice(t: FlexTensor, cols: usize) -> FlexTensor {
+        use burn_std::Slice;
+        Flex::float_slice(
+            t,
+            &[
+                Slice::new(0, None, 1),
+                Slice::new(1, Some(1 + cols as isize), 1),
+            ],
+        )
+    }
+
+    /// `lhs · rhs` through `matmul` and through gemm alone; max |difference| over the largest
+    /// |value| (the products' sums run in different orders).
+    fn small_m_check(lhs: FlexTensor, rhs: FlexTensor) {
+        let (m, n) = (lhs.layout().shape()[0], rhs.layout().shape()[1]);
+        let got: Vec<f32> = Flex::float_matmul(lhs.clone(), rhs.clone())
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let want: Vec<f32> = super::matmul_f32_gemm_reference(lhs, rhs)
+            .into_data()
+            .to_vec()
+            .unwrap();
+        assert_eq!(got.len(), m * n);
+        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let diff = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(
+            diff <= 1e-5 * scale,
+            "m={m} n={n}: max diff {diff} vs scale {scale}"
+        );
+    }
+
+    #[test]
+    fn test_matmul_small_m_matches_gemm() {
+        let shapes = [
+            (1, 512, 512),
+            (64, 512, 512),
+            (64, 512, 256),
+            (64, 1408, 512),
+            (8, 512, 1408),
+            (3, 17, 300),
+            (5, 33, 257),
+            (7, 1408, 130),
+            (63, 100, 41),
+            (2, 515, 77),
+            (65, 64, 64),
+        ];
+        for (i, &(m, k, n)) in shapes.iter().enumerate() {
+            let seed = i as u64 * 4;
+            // `x · Wᵀ`, W stored [n, k] as the models store it.
+            let x = lcg_matrix(seed, m, k);
+            let w = lcg_matrix(seed + 1, n, k);
+            small_m_check(x.clone(), Flex::float_transpose(w.clone()));
+            // Row-strided operands: columns 1..=k of wider matrices.
+            let xs = cols_slice(lcg_matrix(seed + 2, m, k + 5), k);
+            let ws = cols_slice(lcg_matrix(seed + 3, n, k + 3), k);
+            assert_ne!(xs.layout().strides()[0], k as isize);
+            small_m_check(xs.clone(), Flex::float_transpose(ws));
+            // Layouts the direct kernel does not take (gemm, or OpenBLAS): a row-major rhs,
+            // a transposed lhs.
+            small_m_check(x, lcg_matrix(seed + 5, k, n));
+            small_m_check(
+                Flex::float_transpose(lcg_matrix(seed + 6, k, m)),
+                Flex::float_transpose(w),
+            );
+        }
     }
 }
