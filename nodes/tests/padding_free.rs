@@ -22,13 +22,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::graph::{
-    advantages, assert_same_metrics, assert_same_update, build, graph_of, log_probs_of,
-    rollouts_of, value,
+    advantages, assert_log_probs_within, assert_same_metrics, assert_same_update, build,
+    critic_inputs, graph_of, log_probs_of, ppo_inputs, rollouts_of, values_of,
 };
-use flowrl_engine::Inputs;
 use flowrl_nodes::RolloutBatch;
 use flowrl_nodes::train::sequences::{Layout, SequenceBatch};
-use flowrl_nodes::values::{TokenLogProbs, TokenMatrix, TokenValues, port_types};
+use flowrl_nodes::values::TokenMatrix;
 
 /// Serialises this file's tests (burn 0.21's autodiff, tracel-ai/burn#5573: see
 /// `chunked_backward.rs`).
@@ -136,23 +135,6 @@ fn packable_rollouts(model: &str) -> Arc<RolloutBatch> {
     rollouts
 }
 
-fn assert_close_log_probs(x: &TokenLogProbs, y: &TokenLogProbs, what: &str) {
-    let parts = [
-        ("log-probs", Some(&x.log_probs), Some(&y.log_probs)),
-        ("entropy", x.entropy.as_ref(), y.entropy.as_ref()),
-        ("Σπ²", x.sum_pi_squared.as_ref(), y.sum_pi_squared.as_ref()),
-    ];
-    for (name, a, b) in parts {
-        let (a, b) = (a.expect(name), b.expect(name));
-        let scale = a.data.iter().fold(1f32, |m, x| m.max(x.abs()));
-        let d = common::max_abs_diff(&a.data, &b.data);
-        assert!(
-            d <= 1e-5 * scale,
-            "{what}: {name} differ by {d} (largest |value| {scale})"
-        );
-    }
-}
-
 #[test]
 fn logprob_gives_the_padded_values_padding_free_for_every_family() {
     let _s = serial();
@@ -179,7 +161,7 @@ padding_free = {}
         let mut b = build(&graph_of(&model, &nodes, false), false);
         let (padded, _) = log_probs_of(&mut b, "padded", &rollouts);
         let (packed, _) = log_probs_of(&mut b, "packed", &rollouts);
-        assert_close_log_probs(&padded, &packed, &model_type);
+        assert_log_probs_within(&padded, &packed, 1e-5, &model_type);
     }
 }
 
@@ -220,18 +202,8 @@ inputs = {{ rollouts = "rollout.rollouts" }}
             let before = b.weights("a");
             assert_eq!(before, b.weights("b"));
             let (old, _) = log_probs_of(&mut b, "old", &rollouts);
-            let inputs = |node: &str| {
-                let mut i = Inputs::new(node);
-                i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
-                i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
-                i.insert(
-                    "old_log_probs",
-                    value(port_types::TOKEN_LOG_PROBS, old.clone()),
-                );
-                i
-            };
-            let padded = b.run("padded", inputs("padded"));
-            let packed = b.run("packed", inputs("packed"));
+            let padded = b.run("padded", ppo_inputs("padded", &rollouts, &adv, &old));
+            let packed = b.run("packed", ppo_inputs("packed", &rollouts, &adv, &old));
             let what = format!("{model_type} {mode}");
             assert_same_metrics(&padded.metrics, &packed.metrics, &what);
             assert_same_update(&before, &b.weights("a"), &b.weights("b"), &what);
@@ -277,27 +249,16 @@ padding_free = {padding_free}
             .collect::<String>();
     let mut b = build(&graph_of(model, &nodes, true), true);
     let before = b.weights("a");
-    let mut i = Inputs::new("values");
-    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
-    let values: Arc<TokenValues> = b.run("values", i).out.get_arc("values").unwrap();
-    let mut i = Inputs::new("values_packed");
-    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
-    let packed: Arc<TokenValues> = b.run("values_packed", i).out.get_arc("values").unwrap();
+    let values = values_of(&mut b, "values", &rollouts);
+    let packed = values_of(&mut b, "values_packed", &rollouts);
     let scale = values.values.data.iter().fold(1f32, |m, x| m.max(x.abs()));
     let d = common::max_abs_diff(&values.values.data, &packed.values.data);
     assert!(
         d <= 1e-5 * scale,
         "values differ by {d} (largest |value| {scale})"
     );
-    let inputs = |node: &str| {
-        let mut i = Inputs::new(node);
-        i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
-        i.insert("values", value(port_types::VALUES, values.clone()));
-        i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
-        i
-    };
-    let padded = b.run("padded", inputs("padded"));
-    let packed = b.run("packed", inputs("packed"));
+    let padded = b.run("padded", critic_inputs("padded", &rollouts, &values, &adv));
+    let packed = b.run("packed", critic_inputs("packed", &rollouts, &values, &adv));
     assert_same_metrics(&padded.metrics, &packed.metrics, "critic");
     assert_same_update(&before, &b.weights("a"), &b.weights("b"), "critic");
 }

@@ -18,16 +18,13 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::graph::{
-    advantages, assert_same_log_probs, assert_same_metrics, assert_same_update, build, graph,
-    log_probs_of, rollouts, value,
+    advantages, assert_same_log_probs, assert_same_metrics, assert_same_update, build,
+    critic_inputs, graph, log_probs_of, ppo_inputs, rollouts, values_of,
 };
-use flowrl_engine::{Inputs, Registry, compile};
+use flowrl_engine::{Registry, compile};
 use flowrl_nodes::RolloutBatch;
 use flowrl_nodes::train::micro_batches::{MicroBatching, row_tokens};
-use flowrl_nodes::values::{TokenValues, port_types};
 
 /// Serialises this file's tests (burn 0.21's autodiff, tracel-ai/burn#5573: see
 /// `chunked_backward.rs`).
@@ -158,18 +155,8 @@ inputs = {{ rollouts = "rollout.rollouts" }}
         let before = b.weights("a");
         assert_eq!(before, b.weights("b"));
         let (old, _) = log_probs_of(&mut b, "old", &rollouts);
-        let inputs = |node: &str| {
-            let mut i = Inputs::new(node);
-            i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
-            i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
-            i.insert(
-                "old_log_probs",
-                value(port_types::TOKEN_LOG_PROBS, old.clone()),
-            );
-            i
-        };
-        let rows = b.run("rows", inputs("rows"));
-        let tokens = b.run("tokens", inputs("tokens"));
+        let rows = b.run("rows", ppo_inputs("rows", &rollouts, &adv, &old));
+        let tokens = b.run("tokens", ppo_inputs("tokens", &rollouts, &adv, &old));
         assert!(tokens.warnings.is_empty(), "{:?}", tokens.warnings);
         assert_same_metrics(&rows.metrics, &tokens.metrics, mode);
         assert_same_update(&before, &b.weights("a"), &b.weights("b"), mode);
@@ -212,18 +199,9 @@ eps = 1.0
             .collect::<String>();
     let mut b = build(&graph(&nodes, true), true);
     let before = b.weights("a");
-    let mut i = Inputs::new("values");
-    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
-    let values: Arc<TokenValues> = b.run("values", i).out.get_arc("values").unwrap();
-    let inputs = |node: &str| {
-        let mut i = Inputs::new(node);
-        i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
-        i.insert("values", value(port_types::VALUES, values.clone()));
-        i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
-        i
-    };
-    let rows = b.run("rows", inputs("rows"));
-    let tokens = b.run("tokens", inputs("tokens"));
+    let values = values_of(&mut b, "values", &rollouts);
+    let rows = b.run("rows", critic_inputs("rows", &rollouts, &values, &adv));
+    let tokens = b.run("tokens", critic_inputs("tokens", &rollouts, &values, &adv));
     assert_same_metrics(&rows.metrics, &tokens.metrics, "critic");
     assert_same_update(&before, &b.weights("a"), &b.weights("b"), "critic");
 }

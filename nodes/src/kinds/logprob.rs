@@ -118,10 +118,7 @@ struct LogProbNode {
 impl Node for LogProbNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let rollouts = inputs.get_arc(ROLLOUTS)?;
-        let all: Vec<usize> = (0..rollouts.len()).collect();
-        if let Some(w) = self.micro.oversized_warning(&rollouts, &all) {
-            ctx.warn(w);
-        }
+        self.micro.warn_oversized(&rollouts, ctx);
         let out = token_log_probs(
             &self.model,
             &rollouts,

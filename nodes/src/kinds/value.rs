@@ -137,10 +137,7 @@ struct ValueNode {
 impl Node for ValueNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let rollouts = inputs.get_arc(ROLLOUTS)?;
-        let all: Vec<usize> = (0..rollouts.len()).collect();
-        if let Some(w) = self.micro.oversized_warning(&rollouts, &all) {
-            ctx.warn(w);
-        }
+        self.micro.warn_oversized(&rollouts, ctx);
         let out = token_values(
             &self.model,
             &rollouts,

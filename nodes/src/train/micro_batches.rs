@@ -10,7 +10,7 @@
 //! `get_seqlen_balanced_partitions`). verl stops there, so one of its micro-batches can exceed
 //! the budget by a little; here `k` grows until every micro-batch holding more than one row fits.
 //! A row longer than the budget gets a micro-batch of its own, and the node warns
-//! ([`MicroBatching::oversized_warning`]; verl asserts instead). Rows keep their order
+//! ([`MicroBatching::warn_oversized`]; verl asserts instead). Rows keep their order
 //! inside a micro-batch and micro-batches are ordered by their first row, so the split is a
 //! function of the lengths alone: deterministic, and the same on every run.
 //!
@@ -26,7 +26,7 @@
 //! rows it holds: its sequences packed without padding ([`crate::train::sequences::Layout`]).
 
 use anyhow::{Result, bail};
-use flowrl_engine::{Diagnostic, ParamSpec, ValidateCtx};
+use flowrl_engine::{Diagnostic, ParamSpec, StepContext, ValidateCtx};
 use serde::Deserialize;
 
 use crate::train::sequences::Layout;
@@ -137,18 +137,24 @@ impl MicroBatching {
         }
     }
 
-    /// With a token budget, the warning for the rows of `rows` longer than it (each runs as a
-    /// micro-batch of its own), if there are any.
-    pub fn oversized_warning(self, rollouts: &RolloutBatch, rows: &[usize]) -> Option<String> {
+    /// With a token budget, warns on `ctx` about the rows of `rollouts` longer than it (each
+    /// runs as a micro-batch of its own), if there are any.
+    pub fn warn_oversized(self, rollouts: &RolloutBatch, ctx: &mut StepContext) {
+        if let Some(w) = self.oversized_warning(rollouts) {
+            ctx.warn(w);
+        }
+    }
+
+    /// The warning of [`Self::warn_oversized`].
+    fn oversized_warning(self, rollouts: &RolloutBatch) -> Option<String> {
         let Self::Tokens(budget) = self else {
             return None;
         };
-        let long: Vec<(usize, usize)> = rows
-            .iter()
-            .map(|&r| (r, row_tokens(rollouts, r)))
-            .filter(|&(_, len)| len > budget)
+        let long: Vec<usize> = (0..rollouts.len())
+            .map(|r| row_tokens(rollouts, r))
+            .filter(|&len| len > budget)
             .collect();
-        let longest = long.iter().map(|&(_, len)| len).max()?;
+        let longest = long.iter().copied().max()?;
         Some(format!(
             "{} row(s) longer than max_tokens_per_micro_batch = {budget} (the longest: {longest} \
              prompt + response tokens) each ran as a micro-batch of its own: raise the budget to \

@@ -11,7 +11,7 @@ use flowrl_engine::{
 use flowrl_models::weights::Precision;
 use flowrl_nodes::RolloutBatch;
 use flowrl_nodes::model_resource::ModelResource;
-use flowrl_nodes::values::{AdvantageBatch, TokenLogProbs, TokenMatrix, port_types};
+use flowrl_nodes::values::{AdvantageBatch, TokenLogProbs, TokenMatrix, TokenValues, port_types};
 
 use super::{close, f32_tensors, max_abs_diff, root};
 
@@ -186,7 +186,52 @@ pub fn log_probs_of(
     (ran.out.get_arc("log_probs").unwrap(), ran.warnings)
 }
 
+/// The values node `node` gives for `rollouts`.
+pub fn values_of(b: &mut Built, node: &str, rollouts: &Arc<RolloutBatch>) -> Arc<TokenValues> {
+    let mut i = Inputs::new(node);
+    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+    b.run(node, i).out.get_arc("values").unwrap()
+}
+
+/// The inputs of an `update.ppo` node `node`.
+pub fn ppo_inputs(
+    node: &str,
+    rollouts: &Arc<RolloutBatch>,
+    adv: &Arc<AdvantageBatch>,
+    old: &Arc<TokenLogProbs>,
+) -> Inputs {
+    let mut i = Inputs::new(node);
+    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+    i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
+    i.insert(
+        "old_log_probs",
+        value(port_types::TOKEN_LOG_PROBS, old.clone()),
+    );
+    i
+}
+
+/// The inputs of an `update.critic` node `node`.
+pub fn critic_inputs(
+    node: &str,
+    rollouts: &Arc<RolloutBatch>,
+    values: &Arc<TokenValues>,
+    adv: &Arc<AdvantageBatch>,
+) -> Inputs {
+    let mut i = Inputs::new(node);
+    i.insert("rollouts", value(port_types::ROLLOUTS, rollouts.clone()));
+    i.insert("values", value(port_types::VALUES, values.clone()));
+    i.insert("advantages", value(port_types::ADVANTAGES, adv.clone()));
+    i
+}
+
+/// Log-probs, entropies and Σπ² agree within 1e-6 relative (a micro-batch of one row runs other
+/// gemm blocks than one of five).
 pub fn assert_same_log_probs(x: &TokenLogProbs, y: &TokenLogProbs, what: &str) {
+    assert_log_probs_within(x, y, 1e-6, what);
+}
+
+/// Log-probs, entropies and Σπ² agree within `rel` of the largest |value| (at least 1).
+pub fn assert_log_probs_within(x: &TokenLogProbs, y: &TokenLogProbs, rel: f32, what: &str) {
     let parts = [
         ("log-probs", Some(&x.log_probs), Some(&y.log_probs)),
         ("entropy", x.entropy.as_ref(), y.entropy.as_ref()),
@@ -194,11 +239,10 @@ pub fn assert_same_log_probs(x: &TokenLogProbs, y: &TokenLogProbs, what: &str) {
     ];
     for (name, a, b) in parts {
         let (a, b) = (a.expect(name), b.expect(name));
-        // 1e-6 relative: a micro-batch of one row runs other gemm blocks than one of five.
         let scale = a.data.iter().fold(1f32, |m, x| m.max(x.abs()));
         let d = max_abs_diff(&a.data, &b.data);
         assert!(
-            d <= 1e-6 * scale,
+            d <= rel * scale,
             "{what}: {name} differ by {d} (largest |value| {scale})"
         );
     }

@@ -64,10 +64,7 @@ pub(crate) fn split_batches(
         micro.micro_batch_size.unwrap_or(mini_rows).min(mini_rows),
         micro.max_tokens_per_micro_batch,
     )?;
-    let all: Vec<usize> = (0..b).collect();
-    if let Some(w) = micro.oversized_warning(rollouts, &all) {
-        ctx.warn(w);
-    }
+    micro.warn_oversized(rollouts, ctx);
     Ok((mini_rows, micro))
 }
 
