@@ -363,6 +363,11 @@ fn gae_config_converts_to_a_critic_graph() {
     assert_eq!(float_or(&g, "nodes.critic.cliprange_value", 0.5), 0.5);
     assert_eq!(int(&g, "nodes.update.micro_batch_size"), 16);
     assert_eq!(int(&g, "nodes.old.micro_batch_size"), 32);
+    // model.enable_gradient_checkpointing (actor and critic): the layers are recomputed.
+    for node in ["update", "critic"] {
+        let key = format!("nodes.{node}.gradient_checkpointing");
+        assert_eq!(get(&g, &key).as_bool(), Some(true), "{key}");
+    }
     assert_eq!(int(&g, "nodes.eval.every"), 1);
     // use_kl_loss=False: no reference.
     assert!(g.get("models").unwrap().get("reference").is_none());

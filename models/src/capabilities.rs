@@ -11,6 +11,7 @@
 //! This module deliberately holds no model code: only the contracts and the small helpers every
 //! family shares (plain 1-D positions, scattering image embeddings into the token stream).
 
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{Result, bail, ensure};
@@ -366,6 +367,41 @@ pub trait CausalLm<B: Backend> {
     /// Logits `[batch, len, vocab]` of final-normed hidden states.
     fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3>;
 
+    /// The decoder's layers grouped into segments that [`CausalLm::decoder_segment`] runs on
+    /// their own, in order and covering every layer: one layer each, except where layers share
+    /// state besides the residual stream (Gemma 4's KV-sharing layers form one segment with the
+    /// layers whose keys and values they read). Gradient checkpointing keeps the residual
+    /// stream at these boundaries and recomputes one segment at a time in the backward.
+    fn decoder_segments(&self) -> Vec<Range<usize>>;
+
+    /// The residual stream entering the first layer and the layer inputs, from the input
+    /// embeddings of [`CausalLm::forward_hidden`] (and its `ids`).
+    fn decoder_inputs(&self, ids: Tensor<B, 2, Int>, embeds: Tensor<B, 3>) -> DecoderInputs<B>;
+
+    /// The channels of [`DecoderInputs::layer_inputs`] that `layers` read (those of a batch
+    /// with fewer channels are clamped to its width; empty when the layers read none).
+    fn layer_input_channels(&self, layers: Range<usize>) -> Range<usize>;
+
+    /// Runs `layers` (one of [`CausalLm::decoder_segments`]) over the residual stream `h`
+    /// `[batch, len, hidden]` without a cache, with `layer_inputs` the channels
+    /// [`CausalLm::layer_input_channels`] of [`DecoderInputs::layer_inputs`] (`None` when there
+    /// are none); `positions` and `attention_mask` as in [`CausalLm::forward_hidden`]. Returns
+    /// the stream after the last of them.
+    ///
+    /// Without a cache, `forward_hidden` is [`CausalLm::decoder_inputs`], then every segment
+    /// in order, then [`CausalLm::final_norm`].
+    fn decoder_segment(
+        &self,
+        layers: Range<usize>,
+        h: Tensor<B, 3>,
+        layer_inputs: Option<Tensor<B, 3>>,
+        positions: Tensor<B, 3, Int>,
+        attention_mask: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 3>;
+
+    /// The final norm over the residual stream after the last layer.
+    fn final_norm(&self, h: Tensor<B, 3>) -> Tensor<B, 3>;
+
     /// An empty KV cache sized for this model.
     fn new_cache(&self) -> KvCache<B>;
 
@@ -376,6 +412,16 @@ pub trait CausalLm<B: Backend> {
     fn context_length(&self) -> usize;
     /// Hidden width of the decoder.
     fn hidden_size(&self) -> usize;
+}
+
+/// What the decoder's layers read from the input embeddings ([`CausalLm::decoder_inputs`]).
+pub struct DecoderInputs<B: Backend> {
+    /// `[batch, len, hidden]`: the residual stream entering the first layer.
+    pub stream: Tensor<B, 3>,
+    /// `[batch, len, channels]`: what the layers read besides the stream, the positions and the
+    /// mask, laid out along the channels layer by layer ([`CausalLm::layer_input_channels`]):
+    /// Qwen3-VL's DeepStack features, Gemma 4's per-layer inputs. `None` when there are none.
+    pub layer_inputs: Option<Tensor<B, 3>>,
 }
 
 /// A vision tower: processed images to embeddings in the text model's hidden width.

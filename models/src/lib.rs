@@ -34,8 +34,8 @@ pub mod value_head;
 pub mod weights;
 
 pub use capabilities::{
-    CausalLm, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch, PositionIds,
-    ProcessedImage, VideoFrames, VideoProcessor, VideoTiming, Vision, embed_inputs,
+    CausalLm, DecoderInputs, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch,
+    PositionIds, ProcessedImage, VideoFrames, VideoProcessor, VideoTiming, Vision, embed_inputs,
     load_image_processor, plain_positions, scatter_image_embeddings,
 };
 pub use model::Model;

@@ -147,6 +147,41 @@ pub struct Lora<B: Backend> {
 thread_local! {
     /// The dropout seed of this thread's current scope and the number of masks drawn in it.
     static DROPOUT_STREAM: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// Whether adapters apply dropout outside autodiff too ([`TrainingSweep`]).
+    static TRAINING_SWEEP: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Where this thread's dropout stream stands: its seed and the number of masks drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DropoutPosition(u64, u64);
+
+impl DropoutPosition {
+    /// The stream's position now.
+    pub fn now() -> Self {
+        let (seed, k) = DROPOUT_STREAM.with(Cell::get);
+        Self(seed, k)
+    }
+}
+
+/// While alive, adapters apply dropout on a backend without autodiff too: the graph-free
+/// forward sweep of gradient checkpointing, whose segments are recomputed under autodiff
+/// ([`DropoutScope::replay`]) and must see the same masks.
+pub struct TrainingSweep {
+    outer: bool,
+}
+
+impl TrainingSweep {
+    pub fn enter() -> Self {
+        Self {
+            outer: TRAINING_SWEEP.with(|c| c.replace(true)),
+        }
+    }
+}
+
+impl Drop for TrainingSweep {
+    fn drop(&mut self) {
+        TRAINING_SWEEP.with(|c| c.set(self.outer));
+    }
 }
 
 /// While alive, the adapters' dropout masks this thread draws come from `seed` (the k-th mask
@@ -158,8 +193,13 @@ pub struct DropoutScope {
 
 impl DropoutScope {
     pub fn enter(seed: u64) -> Self {
+        Self::replay(DropoutPosition(seed, 0))
+    }
+
+    /// A scope that draws the masks drawn from `position` on again (a recomputed segment).
+    pub fn replay(position: DropoutPosition) -> Self {
         Self {
-            outer: DROPOUT_STREAM.with(|c| c.replace((seed, 0))),
+            outer: DROPOUT_STREAM.with(|c| c.replace((position.0, position.1))),
         }
     }
 }
@@ -192,9 +232,11 @@ fn dropout_mask(n: usize, keep: f64) -> Vec<f32> {
 
 impl<B: Backend> Lora<B> {
     /// `s · dropout(x)·Aᵀ·Bᵀ` for rows `x` `[n, in]` (in the dtype of `x`). Dropout acts only
-    /// under autodiff (training), with masks from the thread's [`DropoutScope`].
+    /// in training (under autodiff, or inside a [`TrainingSweep`]), with masks from the
+    /// thread's [`DropoutScope`].
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let x = if self.dropout > 0.0 && B::ad_enabled(&x.device()) {
+        let training = B::ad_enabled(&x.device()) || TRAINING_SWEEP.with(Cell::get);
+        let x = if self.dropout > 0.0 && training {
             let mask = dropout_mask(x.shape().num_elements(), 1.0 - self.dropout);
             let mask = Tensor::<B, 2>::from_data(
                 TensorData::new(mask, x.shape()),

@@ -18,9 +18,9 @@ mod common;
 
 use std::sync::Arc;
 
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use common::grads::max_relative;
 use flowrl_algorithms::{
     ClipConfig, ClipCovConfig, GlobalBatchInfo, LossAggMode, PolicyLossConfig, PolicyLossMode,
 };
@@ -45,7 +45,6 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
-type Inner = <Ad as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 
 /// A fresh copy of the tiny policy, as the nodes load it.
 fn policy() -> ModelResource {
@@ -98,59 +97,6 @@ fn matrix(v: Vec<f32>, b: usize, t: usize, device: &burn::tensor::Device<Ad>) ->
     Tensor::<Ad, 1>::from_data(TensorData::new(v, [b * t]), device).reshape([b, t])
 }
 
-/// Every float parameter's gradient (`None` when absent), in module order.
-fn grad_values(model: &Model<Ad>, grads: &GradientsParams) -> Vec<Option<Vec<f32>>> {
-    struct Collect<'a>(&'a GradientsParams, Vec<Option<Vec<f32>>>);
-    impl ModuleVisitor<Ad> for Collect<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Ad, D>>) {
-            let g = self.0.get::<Inner, D>(param.id).map(|g| {
-                assert_eq!(g.dtype(), param.val().dtype(), "gradient dtype");
-                g.into_data().convert::<f32>().into_vec::<f32>().unwrap()
-            });
-            self.1.push(g);
-        }
-    }
-    let mut c = Collect(grads, Vec::new());
-    model.visit(&mut c);
-    c.1
-}
-
-/// Max over parameters of max |a − b| / max |b| (the parameter's scale); the same parameters
-/// must have gradients on both sides, and there must be some.
-fn max_relative(model: &Model<Ad>, a: &GradientsParams, b: &GradientsParams, what: &str) -> f64 {
-    let (a, b) = (grad_values(model, a), grad_values(model, b));
-    assert_eq!(a.len(), b.len());
-    let mut worst = 0f64;
-    let mut present = 0;
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        match (x, y) {
-            (Some(x), Some(y)) => {
-                present += 1;
-                let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-                let d = x
-                    .iter()
-                    .zip(y)
-                    .map(|(p, q)| (p - q).abs())
-                    .fold(0f32, f32::max) as f64;
-                assert!(d.is_finite(), "{what}: parameter {i}: non-finite gradient");
-                if scale > 0.0 {
-                    worst = worst.max(d / scale);
-                } else {
-                    assert_eq!(d, 0.0, "{what}: parameter {i}");
-                }
-            }
-            (None, None) => {}
-            _ => panic!(
-                "{what}: parameter {i} has a gradient on one side only (two-stage {}, single graph {})",
-                x.is_some(),
-                y.is_some()
-            ),
-        }
-    }
-    assert!(present > 0, "{what}: no gradients");
-    worst
-}
-
 /// The single-graph reference: the response log-probs through one autodiff graph on a view of
 /// `model` in `precision` (every chunk's logits kept for the backward), the loss on them, one
 /// backward; the gradients on `model`'s parameters. What the update nodes did before.
@@ -187,7 +133,15 @@ where
 {
     let device = Default::default();
     let out = seq
-        .loss_gradients(model, precision, temperature, chunk, &device, loss_of)
+        .loss_gradients(
+            model,
+            precision,
+            false,
+            temperature,
+            chunk,
+            &device,
+            loss_of,
+        )
         .unwrap();
     (out.loss, out.grads.expect("a finite loss"))
 }
@@ -557,7 +511,7 @@ fn two_stage_values_are_the_single_graph_values_and_a_non_finite_loss_has_no_gra
     let host = |t: Tensor<Ad, 2>| t.into_data().convert::<f32>().into_vec::<f32>().unwrap();
     let reference = seq.log_probs(model, 1.0, 3, &device).unwrap();
     let out = seq
-        .loss_gradients(model, Precision::F32, 1.0, 3, &device, |lp, _| {
+        .loss_gradients(model, Precision::F32, false, 1.0, 3, &device, |lp, _| {
             Ok(lp.sum().mul_scalar(f64::NAN))
         })
         .unwrap();

@@ -18,12 +18,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::graph::{
     advantages, assert_log_probs_within, assert_same_metrics, assert_same_update, build,
-    critic_inputs, graph_of, log_probs_of, ppo_inputs, rollouts_of, values_of,
+    critic_inputs, families, graph_of, log_probs_of, ppo_inputs, rollouts_of, values_of,
 };
 use flowrl_nodes::RolloutBatch;
 use flowrl_nodes::train::sequences::{Layout, SequenceBatch};
@@ -35,36 +34,6 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// One checkpoint per `model_type` among `assets/*/config.json` (in name order), as paths
-/// relative to the repository.
-fn families() -> Vec<(String, String)> {
-    let assets = common::root().join("assets");
-    let mut dirs: Vec<_> = std::fs::read_dir(&assets)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("config.json").is_file() && p.join("tokenizer.json").is_file())
-        .collect();
-    dirs.sort();
-    let mut by_type = BTreeMap::new();
-    for dir in dirs {
-        let config: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let model_type = config["model_type"].as_str().unwrap().to_string();
-        let name = dir.file_name().unwrap().to_str().unwrap();
-        by_type
-            .entry(model_type)
-            .or_insert_with(|| format!("assets/{name}"));
-    }
-    for family in ["qwen2_vl", "qwen3_vl", "gemma4"] {
-        assert!(
-            by_type.contains_key(family),
-            "no {family} checkpoint in assets/"
-        );
-    }
-    by_type.into_iter().collect()
 }
 
 /// The response length of test row r with a prompt of `p` tokens: every third row as long as

@@ -3,6 +3,8 @@
 //! multimodal-position capability: callers give it plain 1-D positions from the attention mask
 //! ([`crate::plain_positions`]). Loading and saving go through [`crate::model::Model`].
 
+use std::ops::Range;
+
 use anyhow::{Context, Result, ensure};
 use burn::prelude::*;
 
@@ -11,7 +13,7 @@ use super::text::{TextModel, TextTrace};
 use super::vision::{VisionTower, VisionTrace};
 use burn::module::ModuleVisitor;
 
-use crate::capabilities::{CausalLm, KvCache, ProcessedImage, Vision};
+use crate::capabilities::{CausalLm, DecoderInputs, KvCache, ProcessedImage, Vision};
 use crate::family::{FamilyConfig, FamilyModel};
 use crate::registry::ImageProcessorLoader;
 use crate::weights::{WeightNames, Weights};
@@ -146,6 +148,45 @@ impl<B: Backend> CausalLm<B> for Gemma4<B> {
 
     fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         self.language_model.lm_head(hidden)
+    }
+
+    fn decoder_segments(&self) -> Vec<Range<usize>> {
+        self.language_model.segments()
+    }
+
+    /// The embeddings as the stream; the per-layer inputs `[B, L, n_layers·P]`.
+    fn decoder_inputs(&self, ids: Tensor<B, 2, Int>, embeds: Tensor<B, 3>) -> DecoderInputs<B> {
+        let [b, l, _] = embeds.dims();
+        let (ple, _) = self.language_model.per_layer_inputs(ids, embeds.clone());
+        let [_, _, n, p] = ple.dims();
+        DecoderInputs {
+            stream: embeds,
+            layer_inputs: Some(ple.reshape([b, l, n * p])),
+        }
+    }
+
+    fn layer_input_channels(&self, layers: Range<usize>) -> Range<usize> {
+        self.language_model.layer_input_channels(layers)
+    }
+
+    fn decoder_segment(
+        &self,
+        layers: Range<usize>,
+        h: Tensor<B, 3>,
+        layer_inputs: Option<Tensor<B, 3>>,
+        positions: Tensor<B, 3, Int>,
+        attention_mask: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 3> {
+        let [b, l, _] = h.dims();
+        let ple = layer_inputs
+            .expect("Gemma 4's layers read their per-layer inputs")
+            .reshape([b, l, layers.len(), self.language_model.info.ple_dim]);
+        self.language_model
+            .run_layers(layers, h, ple, positions, attention_mask, None, None)
+    }
+
+    fn final_norm(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.language_model.norm.forward(h)
     }
 
     fn new_cache(&self) -> KvCache<B> {

@@ -7,6 +7,8 @@
 //! Masks are index-based inside the padded row: a key at index `j` is visible to the query at
 //! index `i` when `j ≤ i`, the key is not padding and, on sliding layers, `j > i − W`.
 
+use std::ops::Range;
+
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::gelu_approximate;
@@ -344,20 +346,78 @@ impl<B: Backend> TextModel<B> {
         embeds: Tensor<B, 3>,
         positions: Tensor<B, 3, Int>,
         mask: Tensor<B, 2, Int>,
-        mut cache: Option<&mut KvCache<B>>,
+        cache: Option<&mut KvCache<B>>,
         trace: bool,
     ) -> (Tensor<B, 3>, Option<TextTrace<B>>) {
-        let [b, l, _] = embeds.dims();
         let (ple, tok) = self.per_layer_inputs(ids, embeds.clone());
+        let mut layer_outputs = trace.then(Vec::new);
+        let h = self.run_layers(
+            0..self.layers.len(),
+            embeds,
+            ple.clone(),
+            positions,
+            mask,
+            cache,
+            layer_outputs.as_mut(),
+        );
+        let out = self.norm.forward(h);
+        let trace = layer_outputs.map(|layer_outputs| TextTrace {
+            ple_token_identity: tok,
+            per_layer_inputs: ple,
+            layer_outputs,
+        });
+        (out, trace)
+    }
+
+    /// The layers that run as one segment: each layer alone, except that a KV-sharing layer
+    /// and every layer from its source on form one (their keys and values cross layers).
+    pub fn segments(&self) -> Vec<Range<usize>> {
+        let mut segments: Vec<Range<usize>> = Vec::new();
+        for (i, spec) in self.info.layers.iter().enumerate() {
+            let mut start = match spec.kv {
+                KvSource::Shared(src) => src.min(i),
+                KvSource::Own => i,
+            };
+            while let Some(last) = segments.pop_if(|last| last.end > start) {
+                start = start.min(last.start);
+            }
+            segments.push(start..i + 1);
+        }
+        segments
+    }
+
+    /// Layer i reads its per-layer input, channels `i·P .. (i + 1)·P` of
+    /// `per_layer_inputs` flattened to `[B, L, n_layers·P]`.
+    pub fn layer_input_channels(&self, layers: Range<usize>) -> Range<usize> {
+        let p = self.info.ple_dim;
+        layers.start * p..layers.end * p
+    }
+
+    /// Layers `layers` over the residual stream `h` `[B, L, H]` with their per-layer inputs
+    /// `ple` `[B, L, len(layers), P]`; KV-shared layers read the K/V of their source layer,
+    /// which must be in `layers` (see [`TextModel::segments`]). With a cache, the layers that
+    /// own K/V append theirs. `layer_outputs` receives the stream after every layer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_layers(
+        &self,
+        layers: Range<usize>,
+        mut h: Tensor<B, 3>,
+        ple: Tensor<B, 4>,
+        positions: Tensor<B, 3, Int>,
+        mask: Tensor<B, 2, Int>,
+        mut cache: Option<&mut KvCache<B>>,
+        mut layer_outputs: Option<&mut Vec<Tensor<B, 3>>>,
+    ) -> Tensor<B, 3> {
+        let [b, l, _] = h.dims();
         // Attention biases, one per window (None = full layers), and RoPE tables per
-        // (head dim, rotating pairs, θ), built once per forward.
+        // (head dim, rotating pairs, θ), built once per call.
         let mut biases: Vec<(Option<usize>, Tensor<B, 4>)> = Vec::new();
         let mut ropes: Vec<((usize, usize, u64), CosSin<B>)> = Vec::new();
         let mut kv_full: Vec<Option<Kv<B>>> = vec![None; self.layers.len()];
-        let mut layer_outputs = Vec::new();
         let p = self.info.ple_dim;
-        let mut h = embeds;
-        for (i, (layer, spec)) in self.layers.iter().zip(&self.info.layers).enumerate() {
+        let first = layers.start;
+        for i in layers.clone() {
+            let (layer, spec) = (&self.layers[i], &self.info.layers[i]);
             let key = (spec.head_dim, spec.rotary_pairs, spec.rope_theta.to_bits());
             if !ropes.iter().any(|(k, _)| *k == key) {
                 let (cos, sin) = rope_tables(positions.clone(), &text_inv_freq(spec), &[]);
@@ -396,7 +456,7 @@ impl<B: Backend> TextModel<B> {
                 bias,
             );
             // Keep the K/V only where a later KV-shared layer reads it.
-            if self.info.layers[i + 1..]
+            if self.info.layers[i + 1..layers.end]
                 .iter()
                 .any(|s| s.kv == KvSource::Shared(i))
             {
@@ -409,23 +469,17 @@ impl<B: Backend> TextModel<B> {
                         .mlp
                         .forward(layer.pre_feedforward_layernorm.forward(x)),
                 );
-            let ple_i = ple.clone().narrow(2, i, 1).reshape([b, l, p]);
+            let ple_i = ple.clone().narrow(2, i - first, 1).reshape([b, l, p]);
             let g = gelu_approximate(layer.per_layer_input_gate.forward(x.clone())) * ple_i;
             x = x + layer
                 .post_per_layer_input_norm
                 .forward(layer.per_layer_projection.forward(g));
             h = x * layer.layer_scalar;
-            if trace {
-                layer_outputs.push(h.clone());
+            if let Some(outputs) = layer_outputs.as_deref_mut() {
+                outputs.push(h.clone());
             }
         }
-        let out = self.norm.forward(h);
-        let trace = trace.then(|| TextTrace {
-            ple_token_identity: tok,
-            per_layer_inputs: ple,
-            layer_outputs,
-        });
-        (out, trace)
+        h
     }
 
     /// Logits `[B, L, V]` of final-normed hidden states: `hidden · embed_tokensᵀ` (tied head),

@@ -117,7 +117,7 @@ impl<B: Backend> QwenVl<B> {
 }
 
 /// The [`CausalLm`] of a Qwen model struct with a decoder `text` (`embed`, `forward`, `logits`,
-/// `layers`) and a [`config::TextConfig`] at `config.text`: Qwen2-VL's and Qwen3-VL's.
+/// `layers`, `decoder_inputs`, `layer_input_channels`, `segment`, `final_norm`) and a [`config::TextConfig`] at `config.text`: Qwen2-VL's and Qwen3-VL's.
 macro_rules! qwen_causal_lm {
     ($model:ident) => {
         impl<B: Backend> CausalLm<B> for $model<B> {
@@ -139,6 +139,41 @@ macro_rules! qwen_causal_lm {
 
             fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
                 self.text.logits(hidden)
+            }
+
+            fn decoder_segments(&self) -> Vec<std::ops::Range<usize>> {
+                (0..self.text.layers.len()).map(|i| i..i + 1).collect()
+            }
+
+            fn decoder_inputs(
+                &self,
+                _ids: Tensor<B, 2, Int>,
+                embeds: Tensor<B, 3>,
+            ) -> $crate::capabilities::DecoderInputs<B> {
+                self.text.decoder_inputs(embeds)
+            }
+
+            fn layer_input_channels(
+                &self,
+                layers: std::ops::Range<usize>,
+            ) -> std::ops::Range<usize> {
+                self.text.layer_input_channels(layers)
+            }
+
+            fn decoder_segment(
+                &self,
+                layers: std::ops::Range<usize>,
+                h: Tensor<B, 3>,
+                layer_inputs: Option<Tensor<B, 3>>,
+                positions: Tensor<B, 3, Int>,
+                attention_mask: Tensor<B, 2, Int>,
+            ) -> Tensor<B, 3> {
+                self.text
+                    .segment(layers, h, layer_inputs, positions, attention_mask)
+            }
+
+            fn final_norm(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+                self.text.final_norm(h)
             }
 
             fn new_cache(&self) -> KvCache<B> {

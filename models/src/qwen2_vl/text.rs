@@ -7,12 +7,14 @@
 //! position streams assigned to slots of the half head dimension by `mrope_section`); attention
 //! is grouped-query with a causal + padding mask and an optional KV cache.
 
+use std::ops::Range;
+
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::DType;
 
 use super::config::TextConfig;
-use crate::capabilities::KvCache;
+use crate::capabilities::{DecoderInputs, KvCache};
 use crate::layers::{
     Attention, AttentionShape, RmsNorm, Rotary, SwiGluMlp, causal_padding_bias,
     grouped_attention_bias, inv_freq, rope_tables,
@@ -309,5 +311,49 @@ impl<B: Backend> TextModel<B> {
     /// `hidden · Wᵀ` with the LM head (or the tied embedding table), returned in f32.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         logits(&self.embed_tokens, &self.lm_head, hidden)
+    }
+
+    /// The residual stream entering the first layer: the embeddings (no layer inputs).
+    pub fn decoder_inputs(&self, embeds: Tensor<B, 3>) -> DecoderInputs<B> {
+        DecoderInputs {
+            stream: embeds,
+            layer_inputs: None,
+        }
+    }
+
+    /// The layers read no layer inputs.
+    pub fn layer_input_channels(&self, _layers: Range<usize>) -> Range<usize> {
+        0..0
+    }
+
+    /// `layers` over the residual stream `h` (no cache; there are no layer inputs).
+    pub fn segment(
+        &self,
+        layers: Range<usize>,
+        h: Tensor<B, 3>,
+        layer_inputs: Option<Tensor<B, 3>>,
+        positions: Tensor<B, 3, Int>,
+        attention_mask: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 3> {
+        assert!(
+            layer_inputs.is_none(),
+            "Qwen2-VL's layers read no layer inputs"
+        );
+        let (cos, sin) = rope_tables(positions, &self.inv_freq, &self.mrope_section);
+        run_layers(
+            &self.layers[layers],
+            h,
+            &[],
+            cos,
+            sin,
+            attention_mask,
+            None,
+            None,
+        )
+    }
+
+    /// The final norm.
+    pub fn final_norm(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.norm.forward(h)
     }
 }

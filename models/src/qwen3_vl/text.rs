@@ -18,12 +18,14 @@
 //! interleaved rotary table, the hub names and the DeepStack additions. DeepStack features arrive inside the input embeddings (see
 //! [`TextModel::forward`]); decode steps (text tokens only) carry none.
 
+use std::ops::Range;
+
 use burn::module::Param;
 use burn::prelude::*;
 
 use super::config::TextConfig;
 use super::positions::interleaved_rope_tables;
-use crate::capabilities::KvCache;
+use crate::capabilities::{DecoderInputs, KvCache};
 use crate::layers::{RmsNorm, inv_freq};
 pub use crate::qwen2_vl::text::{DecoderLayer, TextTrace};
 use crate::qwen2_vl::text::{embed, logits, new_stack, run_layers, stack_weights};
@@ -96,25 +98,12 @@ impl<B: Backend> TextModel<B> {
         cache: Option<&mut KvCache<B>>,
         trace: Option<&mut TextTrace<B>>,
     ) -> Tensor<B, 3> {
-        let [_, _, width] = embeds.dims();
-        let hidden = self.hidden_size;
-        assert!(
-            width.is_multiple_of(hidden) && width >= hidden,
-            "input embeddings are {width} wide, not a multiple of the hidden size {hidden}"
-        );
-        let deepstack: Vec<Tensor<B, 3>> = (1..width / hidden)
-            .map(|j| embeds.clone().narrow(2, j * hidden, hidden))
-            .collect();
-        let (cos, sin) = interleaved_rope_tables(positions, &self.inv_freq, self.mrope_section);
-        let h = if deepstack.is_empty() {
-            embeds
-        } else {
-            embeds.narrow(2, 0, hidden)
-        };
+        let inputs = self.decoder_inputs(embeds);
+        let (cos, sin) = self.rope(positions);
         let h = run_layers(
             &self.layers,
-            h,
-            &deepstack,
+            inputs.stream,
+            &self.deepstack_blocks(inputs.layer_inputs),
             cos,
             sin,
             attention_mask,
@@ -122,6 +111,77 @@ impl<B: Backend> TextModel<B> {
             trace,
         );
         self.norm.forward(h)
+    }
+
+    /// The residual stream (channels `0..hidden` of `embeds`) and, when `embeds` carries
+    /// DeepStack blocks, the blocks as layer inputs (block j is read by layer j).
+    pub fn decoder_inputs(&self, embeds: Tensor<B, 3>) -> DecoderInputs<B> {
+        let [_, _, width] = embeds.dims();
+        let hidden = self.hidden_size;
+        assert!(
+            width.is_multiple_of(hidden) && width >= hidden,
+            "input embeddings are {width} wide, not a multiple of the hidden size {hidden}"
+        );
+        if width == hidden {
+            return DecoderInputs {
+                stream: embeds,
+                layer_inputs: None,
+            };
+        }
+        DecoderInputs {
+            stream: embeds.clone().narrow(2, 0, hidden),
+            layer_inputs: Some(embeds.narrow(2, hidden, width - hidden)),
+        }
+    }
+
+    /// Layer i reads DeepStack block i, channels `i·hidden .. (i + 1)·hidden`.
+    pub fn layer_input_channels(&self, layers: Range<usize>) -> Range<usize> {
+        layers.start * self.hidden_size..layers.end * self.hidden_size
+    }
+
+    /// `layers` over the residual stream `h` (no cache), with their DeepStack blocks
+    /// `layer_inputs` (the first block is the first layer's; layers past the last block get
+    /// none).
+    pub fn segment(
+        &self,
+        layers: Range<usize>,
+        h: Tensor<B, 3>,
+        layer_inputs: Option<Tensor<B, 3>>,
+        positions: Tensor<B, 3, Int>,
+        attention_mask: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 3> {
+        let (cos, sin) = self.rope(positions);
+        run_layers(
+            &self.layers[layers],
+            h,
+            &self.deepstack_blocks(layer_inputs),
+            cos,
+            sin,
+            attention_mask,
+            None,
+            None,
+        )
+    }
+
+    /// The final norm.
+    pub fn final_norm(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.norm.forward(h)
+    }
+
+    /// `[b, l, k·hidden]` DeepStack channels as k blocks of `hidden`.
+    fn deepstack_blocks(&self, channels: Option<Tensor<B, 3>>) -> Vec<Tensor<B, 3>> {
+        let Some(channels) = channels else {
+            return Vec::new();
+        };
+        let hidden = self.hidden_size;
+        (0..channels.dims()[2] / hidden)
+            .map(|j| channels.clone().narrow(2, j * hidden, hidden))
+            .collect()
+    }
+
+    /// The interleaved M-RoPE tables of `positions`.
+    fn rope(&self, positions: Tensor<B, 3, Int>) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        interleaved_rope_tables(positions, &self.inv_freq, self.mrope_section)
     }
 
     /// `hidden · Wᵀ` with the LM head (or the tied embedding table), returned in f32.

@@ -592,6 +592,33 @@ impl<B: Backend> CausalLm<B> for NoEos<'_, B> {
     fn lm_head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         self.0.lm_head(hidden)
     }
+    fn decoder_segments(&self) -> Vec<std::ops::Range<usize>> {
+        self.0.decoder_segments()
+    }
+    fn decoder_inputs(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        embeds: Tensor<B, 3>,
+    ) -> flowrl_models::DecoderInputs<B> {
+        self.0.decoder_inputs(ids, embeds)
+    }
+    fn layer_input_channels(&self, layers: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        self.0.layer_input_channels(layers)
+    }
+    fn decoder_segment(
+        &self,
+        layers: std::ops::Range<usize>,
+        h: Tensor<B, 3>,
+        layer_inputs: Option<Tensor<B, 3>>,
+        positions: Tensor<B, 3, Int>,
+        attention_mask: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 3> {
+        self.0
+            .decoder_segment(layers, h, layer_inputs, positions, attention_mask)
+    }
+    fn final_norm(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.0.final_norm(h)
+    }
     fn new_cache(&self) -> flowrl_models::KvCache<B> {
         self.0.new_cache()
     }

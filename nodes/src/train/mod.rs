@@ -7,6 +7,7 @@
 //! guarded optimizer step (global-norm clipping, skip on a non-finite loss or gradient norm,
 //! count).
 
+pub mod checkpoint;
 pub mod micro_batches;
 pub mod optim;
 pub mod sequences;

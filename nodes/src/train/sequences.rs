@@ -51,6 +51,7 @@ use flowrl_models::weights::Precision;
 use flowrl_models::{Model, PaddedBatch, PositionIds, ProcessedImage};
 
 use crate::resources::model::compute_view;
+use crate::train::checkpoint::{TrunkBackward, checkpointed_trunk};
 use crate::values::RolloutBatch;
 
 /// How the rows of a micro-batch are laid out for the forward pass (see the module doc).
@@ -326,17 +327,66 @@ impl SequenceBatch {
         model: &Model<B>,
         device: &B::Device,
     ) -> Result<(Tensor<B, 3>, Tensor<B, 2, Int>)> {
-        let lm = model.causal_lm();
+        let (ids, embeds, positions, mask) = self.trunk_inputs(model, device)?;
+        let hidden = model
+            .causal_lm()
+            .forward_hidden(ids, embeds, positions, mask, None);
+        Ok(self.response_positions(hidden, device))
+    }
+
+    /// [`Self::response_hidden`] on `view` (`model` or a recorded cast of it) for a backward,
+    /// with the [`TrunkBackward`] that takes the trunk's share of the gradients: through the
+    /// forward's graph, or, with `checkpointing`, by recomputing each decoder segment
+    /// ([`crate::train::checkpoint`]).
+    #[allow(clippy::type_complexity)]
+    pub fn response_hidden_for_backward<B: AutodiffBackend>(
+        &self,
+        model: &Model<B>,
+        view: &Model<B>,
+        checkpointing: bool,
+        device: &B::Device,
+    ) -> Result<(Tensor<B, 3>, Tensor<B, 2, Int>, TrunkBackward<B>)> {
+        if !checkpointing {
+            let (hidden, labels) = self.response_hidden(view, device)?;
+            return Ok((hidden, labels, TrunkBackward::Graph));
+        }
+        let (ids, embeds, positions, mask) = self.trunk_inputs(view, device)?;
+        let (hidden, trunk) = checkpointed_trunk(model, view, ids, embeds, positions, mask);
+        let (hidden, labels) = self.response_positions(hidden, device);
+        Ok((hidden, labels, trunk))
+    }
+
+    /// The decoder's inputs: token ids, input embeddings (the vision tower once per distinct
+    /// image), position ids and the attention mask.
+    #[allow(clippy::type_complexity)]
+    fn trunk_inputs<B: Backend>(
+        &self,
+        model: &Model<B>,
+        device: &B::Device,
+    ) -> Result<(
+        Tensor<B, 2, Int>,
+        Tensor<B, 3>,
+        Tensor<B, 3, Int>,
+        Tensor<B, 2, Int>,
+    )> {
         let embeds =
             model.input_embeddings_shared(&self.tokens, &self.images, &self.image_first, device)?;
         let positions = self.position_ids(model)?;
-        let hidden = lm.forward_hidden(
+        Ok((
             self.tokens.ids_tensor::<B>(device),
             embeds,
             positions.tensor::<B>(device),
             self.tokens.mask_tensor::<B>(device),
-            None,
-        );
+        ))
+    }
+
+    /// The hidden states `[b, T, H]` of the positions that predict the response tokens, out of
+    /// the trunk's `hidden` (padded or packed rows), and the labels `[b, T]`.
+    fn response_positions<B: Backend>(
+        &self,
+        hidden: Tensor<B, 3>,
+        device: &B::Device,
+    ) -> (Tensor<B, 3>, Tensor<B, 2, Int>) {
         let (b, t) = (self.rows(), self.response_len);
         let response_hidden = match &self.packing {
             None => hidden.narrow(1, self.prompt_len - 1, t),
@@ -355,7 +405,7 @@ impl SequenceBatch {
             device,
         )
         .reshape([b, t]);
-        Ok((response_hidden, labels))
+        (response_hidden, labels)
     }
 
     /// Log-probs and entropies `[b, T]` of the response tokens (see the module doc), through one
@@ -413,11 +463,15 @@ impl SequenceBatch {
     /// [`chunked_loss_backward`]: one forward of the trunk on one [`compute_view`] of `model`,
     /// whose graph both stages hang off (the LM-head stage through leaf copies of the view's
     /// weights, the trunk stage through the view itself, so each recorded cast is consumed by
-    /// exactly one backward); the gradients land on `model`'s (f32) parameters.
+    /// exactly one backward); the gradients land on `model`'s (f32) parameters. With
+    /// `checkpointing` the trunk keeps no graph and its segments are recomputed in the backward
+    /// ([`crate::train::checkpoint`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn loss_gradients<B, L>(
         &self,
         model: &Model<B>,
         precision: Precision,
+        checkpointing: bool,
         temperature: f64,
         chunk: usize,
         device: &B::Device,
@@ -428,11 +482,12 @@ impl SequenceBatch {
         L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
     {
         let view = compute_view(model, precision);
-        let (response_hidden, labels) = self.response_hidden(&view, device)?;
+        let (response_hidden, labels, trunk) =
+            self.response_hidden_for_backward(model, &view, checkpointing, device)?;
         chunked_loss_backward(
             model,
             &view,
-            response_hidden,
+            (response_hidden, trunk),
             labels,
             temperature,
             chunk,
@@ -457,7 +512,8 @@ pub struct LossGradients<B: Backend> {
 /// backward.
 ///
 /// `response_hidden` `[B, T, H]` is the output of a trunk forward on `view` (the model itself,
-/// or a recorded cast of it: [`compute_view`]), with its graph; `labels` `[B, T]`; `loss_of`
+/// or a recorded cast of it: [`compute_view`]), with its graph, and the [`TrunkBackward`] of
+/// that forward; `labels` `[B, T]`; `loss_of`
 /// maps the log-probs and entropies `[B, T]` to the scalar loss. With x = (x_1, …, x_C) the
 /// per-chunk log-prob and entropy blocks (x_c = f(h_c, W) for the LM head weights W and the
 /// chunk's hidden states h_c = response_hidden[:, c]), the chain rule gives
@@ -479,7 +535,8 @@ pub struct LossGradients<B: Backend> {
 ///    chunk's graph is gone.
 /// 4. **Trunk**: one backward of Σ response_hidden ⊙ G, G = the chunks' hidden-state gradients
 ///    side by side (a constant): its gradient with respect to response_hidden is G, so this is
-///    the trunk's share of dL/dθ (a tied embedding adds it to its LM-head share).
+///    the trunk's share of dL/dθ (a tied embedding adds it to its LM-head share), taken by the
+///    [`TrunkBackward`]: through the forward's graph, or segment by segment when checkpointed.
 ///
 /// Why it is exact: ∂L/∂x_c is evaluated once at the same values the single graph sees, and
 /// each block's contribution goes through the same operations as in the single graph (the same
@@ -497,7 +554,7 @@ pub struct LossGradients<B: Backend> {
 pub fn chunked_loss_backward<B, L>(
     model: &Model<B>,
     view: &Model<B>,
-    response_hidden: Tensor<B, 3>,
+    (response_hidden, trunk): (Tensor<B, 3>, TrunkBackward<B>),
     labels: Tensor<B, 2, Int>,
     temperature: f64,
     chunk: usize,
@@ -592,8 +649,8 @@ where
 
     // The trunk: Σ response_hidden ⊙ G has the gradient G with respect to response_hidden.
     let g = Tensor::<B, 3>::from_inner(Tensor::cat(hidden_grads, 1));
-    let grads = (response_hidden * g).sum().backward();
-    acc.accumulate::<B>(model, GradientsParams::from_grads::<B, _>(grads, model));
+    let grads = trunk.backward((response_hidden * g).sum(), model, model);
+    acc.accumulate::<B>(model, grads);
     Ok(LossGradients {
         loss: value,
         grads: Some(acc.grads()),
@@ -603,7 +660,10 @@ where
 
 /// `inner` (the inner model of a view of `model`) as an autodiff model of leaves with `model`'s
 /// parameter ids: the parameters that require gradients in `model` require them here too.
-fn leaf_copy<B: AutodiffBackend>(model: &Model<B>, inner: Model<B::InnerBackend>) -> Model<B> {
+pub(crate) fn leaf_copy<B: AutodiffBackend>(
+    model: &Model<B>,
+    inner: Model<B::InnerBackend>,
+) -> Model<B> {
     use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
     struct Trainable(HashSet<ParamId>);
     impl<B: Backend> ModuleVisitor<B> for Trainable {
@@ -630,7 +690,7 @@ fn leaf_copy<B: AutodiffBackend>(model: &Model<B>, inner: Model<B::InnerBackend>
 
 /// `grads` with every gradient in the dtype of its parameter in `model` (the f32 masters; a
 /// bf16 view's leaf copies get bf16 gradients).
-fn in_dtypes_of<B: AutodiffBackend>(
+pub(crate) fn in_dtypes_of<B: AutodiffBackend>(
     model: &Model<B>,
     mut grads: GradientsParams,
 ) -> GradientsParams {

@@ -65,6 +65,36 @@ inputs = {{ scores = "reward.scores" }}
     )
 }
 
+/// One checkpoint per `model_type` among `assets/*/config.json` (in name order), as paths
+/// relative to the repository.
+pub fn families() -> Vec<(String, String)> {
+    let assets = root().join("assets");
+    let mut dirs: Vec<_> = std::fs::read_dir(&assets)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.json").is_file() && p.join("tokenizer.json").is_file())
+        .collect();
+    dirs.sort();
+    let mut by_type = std::collections::BTreeMap::new();
+    for dir in dirs {
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let model_type = config["model_type"].as_str().unwrap().to_string();
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        by_type
+            .entry(model_type)
+            .or_insert_with(|| format!("assets/{name}"));
+    }
+    for family in ["qwen2_vl", "qwen3_vl", "gemma4"] {
+        assert!(
+            by_type.contains_key(family),
+            "no {family} checkpoint in assets/"
+        );
+    }
+    by_type.into_iter().collect()
+}
+
 /// A compiled graph's nodes, built over fresh copies of its models on one CPU.
 pub struct Built {
     resources: Arc<Resources>,

@@ -158,15 +158,35 @@ impl Mapper<'_> {
     /// verl's `use_remove_padding` at `key` → the kind's `padding_free` when it has one (a kind
     /// without one lays sequences out padded: the same numbers, more memory).
     pub(super) fn padding_free(&mut self, s: &mut Section, kind: &str, key: &str) {
+        self.switch(
+            s,
+            kind,
+            "padding_free",
+            key,
+            "lays its sequences out padded",
+        );
+    }
+
+    /// verl's `enable_gradient_checkpointing` at `key` → the kind's `gradient_checkpointing`
+    /// when it has one (a kind without one keeps every layer's activations: the same numbers,
+    /// more memory).
+    pub(super) fn gradient_checkpointing(&mut self, s: &mut Section, kind: &str, key: &str) {
+        let without = "keeps every layer's activations for the backward";
+        self.switch(s, kind, "gradient_checkpointing", key, without);
+    }
+
+    /// A verl memory switch at `key` → `param = true` on the kind when it has `param`; else
+    /// noted as not carried: "`kind` {without}: the same numbers, more memory".
+    fn switch(&mut self, s: &mut Section, kind: &str, param: &str, key: &str, without: &str) {
         if !self.flag(key) {
             return;
         }
-        if self.kind_has(kind, "padding_free") {
-            s.set("padding_free", "true".to_string(), key);
+        if self.kind_has(kind, param) {
+            s.set(param, "true".to_string(), key);
         } else {
             self.not_carried(
                 key,
-                format!("`{kind}` lays its sequences out padded: the same numbers, more memory"),
+                format!("`{kind}` {without}: the same numbers, more memory"),
             );
         }
     }

@@ -96,12 +96,19 @@ fn ppo_batches(m: &mut Mapper, s: &mut Section, kind: &str, prefix: &str) {
             &format!("{prefix}.ppo_max_token_len_per_gpu"),
         ],
     );
-    let remove_padding = if prefix == "critic" {
-        "critic.model.use_remove_padding".to_string()
+    let (remove_padding, checkpointing) = if prefix == "critic" {
+        (
+            "critic.model.use_remove_padding".to_string(),
+            "critic.model.enable_gradient_checkpointing",
+        )
     } else {
-        format!("{prefix}.use_remove_padding")
+        (
+            format!("{prefix}.use_remove_padding"),
+            "actor_rollout_ref.model.enable_gradient_checkpointing",
+        )
     };
     m.padding_free(s, kind, &remove_padding);
+    m.gradient_checkpointing(s, kind, checkpointing);
     m.int_param(s, kind, "ppo_epochs", &format!("{prefix}.ppo_epochs"));
 }
 

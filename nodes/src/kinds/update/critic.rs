@@ -51,6 +51,7 @@ use crate::kinds::value::value_model_diagnostics;
 use crate::resources::model::{ModelResource, compute_view};
 use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
+use crate::train::checkpoint::CheckpointingParams;
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::optim::{AdamW, LrSchedule, clip_grad_norm};
 use crate::train::sequences::SequenceBatch;
@@ -88,6 +89,8 @@ struct CriticParams {
     #[serde(flatten)]
     #[param(specs = critic_optim_specs())]
     optim: OptimParams,
+    #[serde(flatten)]
+    checkpointing: CheckpointingParams,
 }
 
 /// The specs of [`OptimParams`] with verl's critic learning rate (`critic.optim.lr`: 1e-5).
@@ -328,7 +331,12 @@ impl CriticUpdateNode {
             // The trunk on a view of the weights in `precision` (a recorded cast: the
             // gradients land on the f32 masters), the head in f32.
             let view = compute_view(&critic.model, precision);
-            let (hidden, _) = seq.response_hidden(&view, &device)?;
+            let (hidden, _, trunk) = seq.response_hidden_for_backward(
+                &critic.model,
+                &view,
+                self.p.checkpointing.gradient_checkpointing,
+                &device,
+            )?;
             let vpreds = critic.head.forward(hidden);
             let out = compute_value_loss(
                 vpreds.clone(),
@@ -347,8 +355,8 @@ impl CriticUpdateNode {
             if !value.is_finite() {
                 return Ok(None);
             }
-            let grads = out.vf_loss.backward();
-            acc.accumulate::<B>(critic, GradientsParams::from_grads::<B, _>(grads, critic));
+            let grads = trunk.backward(out.vf_loss, critic, &critic.model);
+            acc.accumulate::<B>(critic, grads);
         }
         sums.vf_loss.push(loss);
         Ok(Some(acc.grads()))

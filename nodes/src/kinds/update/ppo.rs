@@ -79,6 +79,7 @@ use crate::kinds::validate::upstream_batch_size;
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
+use crate::train::checkpoint::CheckpointingParams;
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::optim::LrSchedule;
 use crate::train::sequences::SequenceBatch;
@@ -206,6 +207,8 @@ struct PpoParams {
     critic_warmup: u64,
     #[serde(flatten)]
     optim: OptimParams,
+    #[serde(flatten)]
+    checkpointing: CheckpointingParams,
 }
 
 impl NodeKind for PpoUpdateKind {
@@ -574,6 +577,7 @@ impl PpoUpdateNode {
             let out = seq.loss_gradients(
                 model,
                 precision,
+                self.p.checkpointing.gradient_checkpointing,
                 self.p.temperature,
                 self.p.chunk,
                 &device,

@@ -35,6 +35,7 @@ use crate::kinds::update::support::{DONE, done_output};
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
+use crate::train::checkpoint::CheckpointingParams;
 use crate::train::optim::LrSchedule;
 use crate::train::sequences::SequenceBatch;
 use crate::train::{OptimParams, PartialStep, global_batch_info, guarded_step, replicated_grads};
@@ -62,6 +63,8 @@ struct SftParams {
     chunk: usize,
     #[serde(flatten)]
     optim: OptimParams,
+    #[serde(flatten)]
+    checkpointing: CheckpointingParams,
 }
 
 impl NodeKind for SftUpdateKind {
@@ -199,6 +202,7 @@ impl SftNode {
                 let out = seq.loss_gradients(
                     model,
                     precision,
+                    self.p.checkpointing.gradient_checkpointing,
                     1.0,
                     self.p.chunk,
                     &device,
