@@ -58,9 +58,12 @@ flowrl_run "$work/flowrl" "$P" "$NEW" $((REPS + 1))
 
 cd bench/python
 echo "== transformers + torch: rows 1-3"
+# Row (3)'s reference recomputes the layers in its backward when flowrl's update does.
+ref_ckpt=()
+grep -q "^gradient_checkpointing = true" "$root/bench/grpo_bench.toml" && ref_ckpt=(--gradient-checkpointing)
 /usr/bin/time -f "%M %e" -o "$work/ref.time" "$venv/bin/python" ref_rows.py "$work/model" \
   "$work/prompts.parquet" "$work/ref.json" --prompts "$P" --n "$N" --new "$NEW" \
-  --micro "$MICRO" --reps $((REPS + 1)) --threads "$THREADS" > "$work/ref.log" 2>&1
+  --micro "$MICRO" --reps $((REPS + 1)) --threads "$THREADS" "${ref_ckpt[@]}" > "$work/ref.log" 2>&1
 echo "== TRL GRPOTrainer: $((REPS + 1)) steps"
 /usr/bin/time -f "%M %e" -o "$work/trl.time" "$venv/bin/python" trl_step.py "$work/model" \
   "$work/prompts.parquet" "$work/trl.json" --prompts "$P" --n "$N" --new "$NEW" \

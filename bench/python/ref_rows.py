@@ -11,6 +11,11 @@
 
 usage: ref_rows.py MODEL_DIR PROMPTS.parquet OUT.json --prompts 8 --n 8 --new 128 --micro 32
        --reps 3 --threads 2 [--device cpu|cuda[:N]] [--dtype float32|bfloat16|float16]
+       [--gradient-checkpointing]
+
+`--gradient-checkpointing` recomputes the decoder layers in row (3)'s backward, as flowrl's
+`update.ppo` does with `gradient_checkpointing = true` (bench/run.sh passes it when
+bench/grpo_bench.toml sets it).
 
 `--device cuda` runs the same three phases on a GPU (timers synchronise the device; OUT.json then
 also holds `device`, `dtype` and `peak_cuda_mib`, torch's peak allocated memory); the defaults
@@ -44,6 +49,12 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda[:N]")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute the decoder layers in row (3)'s backward (transformers' "
+        "gradient_checkpointing_enable, TRL's default), as flowrl's gradient_checkpointing",
+    )
     args = ap.parse_args()
     set_threads(args.threads)
     torch.manual_seed(7)
@@ -143,6 +154,8 @@ def main():
         lp_times.append(t.s)
 
     # (3) one PPO update step (one mini-batch = the whole batch)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
     scores = torch.rand(args.num_prompts, args.n)
@@ -172,6 +185,7 @@ def main():
         "response_len": resp_len,
         "response_tokens": int(resp_mask.sum().item()),
         "threads": torch.get_num_threads(),
+        "gradient_checkpointing": args.gradient_checkpointing,
         "rollout_s": gen_times,
         "prefill_s": prefill_times,
         "logprob_s": lp_times,
