@@ -19,8 +19,8 @@ mod common;
 
 use common::grads::max_relative;
 use common::graph::{
-    advantages, assert_same_metrics, assert_same_update, build, critic_inputs, families, graph_of,
-    log_probs_of, ppo_inputs, rollouts_of, values_of,
+    advantages, assert_same_metrics, assert_same_update, build, critic_inputs, critic_pair,
+    families, graph_of, log_probs_of, ppo_inputs, ppo_pair, rollouts_of, values_of,
 };
 use flowrl_engine::DeviceSpec;
 use flowrl_models::lora::{AdapterInit, DropoutScope, LoraConfig};
@@ -117,32 +117,14 @@ fn update_ppo_takes_the_same_step_checkpointed_for_every_family() {
         let rollouts = rollouts_of(&model);
         let adv = advantages(&rollouts);
         for (mode, padding_free) in [("token-mean", false), ("seq-mean-token-mean", true)] {
-            let update = |name: &str, model: &str, checkpointing: bool| {
-                format!(
-                    r#"
-[nodes.{name}]
-kind = "update.ppo"
-model = "{model}"
-inputs = {{ rollouts = "rollout.rollouts", advantages = "adv.advantages", old_log_probs = "old.log_probs" }}
-loss_agg_mode = "{mode}"
-lr = 1.0
-eps = 1.0
-entropy_coeff = 0.01
-micro_batch_size = 6
-padding_free = {padding_free}
-gradient_checkpointing = {checkpointing}
-"#
-                )
-            };
-            let nodes = format!(
-                r#"
-[nodes.old]
-kind = "logprob"
-model = "a"
-inputs = {{ rollouts = "rollout.rollouts" }}
-{}{}"#,
-                update("graph", "a", false),
-                update("recomputed", "b", true),
+            let layout = format!("micro_batch_size = 6\npadding_free = {padding_free}");
+            let nodes = ppo_pair(
+                mode,
+                ("graph", &layout),
+                (
+                    "recomputed",
+                    &format!("{layout}\ngradient_checkpointing = true"),
+                ),
             );
             let mut b = build(&graph_of(&model, &nodes, false), false);
             let before = b.weights("a");
@@ -166,30 +148,14 @@ fn update_critic_takes_the_same_step_checkpointed() {
     let model = common::graph::TINY_POLICY;
     let rollouts = rollouts_of(model);
     let adv = advantages(&rollouts);
-    let nodes = r#"
-[nodes.values]
-kind = "value"
-model = "a"
-inputs = { rollouts = "rollout.rollouts" }
-"#
-    .to_string()
-        + &[("graph", "a", false), ("recomputed", "b", true)]
-            .iter()
-            .map(|(name, model, checkpointing)| {
-                format!(
-                    r#"
-[nodes.{name}]
-kind = "update.critic"
-model = "{model}"
-inputs = {{ rollouts = "rollout.rollouts", values = "values.values", advantages = "adv.advantages" }}
-lr = 1.0
-eps = 1.0
-micro_batch_size = 6
-gradient_checkpointing = {checkpointing}
-"#
-                )
-            })
-            .collect::<String>();
+    let nodes = critic_pair(
+        "",
+        ("graph", "micro_batch_size = 6"),
+        (
+            "recomputed",
+            "micro_batch_size = 6\ngradient_checkpointing = true",
+        ),
+    );
     let mut b = build(&graph_of(model, &nodes, true), true);
     let before = b.weights("a");
     let values = values_of(&mut b, "values", &rollouts);

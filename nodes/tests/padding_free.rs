@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use common::graph::{
     advantages, assert_log_probs_within, assert_same_metrics, assert_same_update, build,
-    critic_inputs, families, graph_of, log_probs_of, ppo_inputs, rollouts_of, values_of,
+    critic_inputs, critic_pair, families, graph_of, log_probs_of, ppo_inputs, ppo_pair,
+    rollouts_of, values_of,
 };
 use flowrl_nodes::RolloutBatch;
 use flowrl_nodes::train::sequences::{Layout, SequenceBatch};
@@ -141,31 +142,10 @@ fn update_ppo_takes_the_padded_step_padding_free_for_every_family() {
         let rollouts = packable_rollouts(&model);
         let adv = advantages(&rollouts);
         for mode in ["token-mean", "seq-mean-token-mean"] {
-            let update = |name: &str, model: &str, padding_free: bool| {
-                format!(
-                    r#"
-[nodes.{name}]
-kind = "update.ppo"
-model = "{model}"
-inputs = {{ rollouts = "rollout.rollouts", advantages = "adv.advantages", old_log_probs = "old.log_probs" }}
-loss_agg_mode = "{mode}"
-lr = 1.0
-eps = 1.0
-entropy_coeff = 0.01
-micro_batch_size = 6
-padding_free = {padding_free}
-"#
-                )
-            };
-            let nodes = format!(
-                r#"
-[nodes.old]
-kind = "logprob"
-model = "a"
-inputs = {{ rollouts = "rollout.rollouts" }}
-{}{}"#,
-                update("padded", "a", false),
-                update("packed", "b", true),
+            let nodes = ppo_pair(
+                mode,
+                ("padded", "micro_batch_size = 6"),
+                ("packed", "micro_batch_size = 6\npadding_free = true"),
             );
             let mut b = build(&graph_of(&model, &nodes, false), false);
             let before = b.weights("a");
@@ -186,36 +166,18 @@ fn value_and_update_critic_give_the_padded_values_and_step_padding_free() {
     let model = common::graph::TINY_POLICY;
     let rollouts = packable_rollouts(model);
     let adv = advantages(&rollouts);
-    let nodes = r#"
-[nodes.values]
-kind = "value"
-model = "a"
-inputs = { rollouts = "rollout.rollouts" }
-
+    let values_packed = r#"
 [nodes.values_packed]
 kind = "value"
 model = "a"
 inputs = { rollouts = "rollout.rollouts" }
 padding_free = true
-"#
-    .to_string()
-        + &[("padded", "a", false), ("packed", "b", true)]
-            .iter()
-            .map(|(name, model, padding_free)| {
-                format!(
-                    r#"
-[nodes.{name}]
-kind = "update.critic"
-model = "{model}"
-inputs = {{ rollouts = "rollout.rollouts", values = "values.values", advantages = "adv.advantages" }}
-lr = 1.0
-eps = 1.0
-micro_batch_size = 6
-padding_free = {padding_free}
-"#
-                )
-            })
-            .collect::<String>();
+"#;
+    let nodes = critic_pair(
+        values_packed,
+        ("padded", "micro_batch_size = 6"),
+        ("packed", "micro_batch_size = 6\npadding_free = true"),
+    );
     let mut b = build(&graph_of(model, &nodes, true), true);
     let before = b.weights("a");
     let values = values_of(&mut b, "values", &rollouts);

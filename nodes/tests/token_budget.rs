@@ -20,7 +20,7 @@ mod common;
 
 use common::graph::{
     advantages, assert_same_log_probs, assert_same_metrics, assert_same_update, build,
-    critic_inputs, graph, log_probs_of, ppo_inputs, rollouts, values_of,
+    critic_inputs, critic_pair, graph, log_probs_of, ppo_inputs, ppo_pair, rollouts, values_of,
 };
 use flowrl_engine::{Registry, compile};
 use flowrl_nodes::RolloutBatch;
@@ -122,34 +122,10 @@ fn update_ppo_takes_the_same_step_with_a_token_budget_in_every_loss_agg_mode() {
         "seq-mean-token-sum-norm",
     ];
     for mode in modes {
-        let update = |name: &str, model: &str, micro: &str| {
-            format!(
-                r#"
-[nodes.{name}]
-kind = "update.ppo"
-model = "{model}"
-inputs = {{ rollouts = "rollout.rollouts", advantages = "adv.advantages", old_log_probs = "old.log_probs" }}
-loss_agg_mode = "{mode}"
-lr = 1.0
-eps = 1.0
-entropy_coeff = 0.01
-{micro}
-"#
-            )
-        };
-        let nodes = format!(
-            r#"
-[nodes.old]
-kind = "logprob"
-model = "a"
-inputs = {{ rollouts = "rollout.rollouts" }}
-{}{}"#,
-            update("rows", "a", "micro_batch_size = 2"),
-            update(
-                "tokens",
-                "b",
-                &format!("max_tokens_per_micro_batch = {budget}")
-            ),
+        let nodes = ppo_pair(
+            mode,
+            ("rows", "micro_batch_size = 2"),
+            ("tokens", &format!("max_tokens_per_micro_batch = {budget}")),
         );
         let mut b = build(&graph(&nodes, false), false);
         let before = b.weights("a");
@@ -169,34 +145,11 @@ fn update_critic_takes_the_same_step_with_a_token_budget() {
     let rollouts = rollouts();
     let budget = budget_for(&rollouts, 2);
     let adv = advantages(&rollouts);
-    let nodes = r#"
-[nodes.values]
-kind = "value"
-model = "a"
-inputs = { rollouts = "rollout.rollouts" }
-"#
-    .to_string()
-        + &["rows", "tokens"]
-            .iter()
-            .map(|name| {
-                let (model, micro) = if *name == "rows" {
-                    ("a", "micro_batch_size = 2".to_string())
-                } else {
-                    ("b", format!("max_tokens_per_micro_batch = {budget}"))
-                };
-                format!(
-                    r#"
-[nodes.{name}]
-kind = "update.critic"
-model = "{model}"
-inputs = {{ rollouts = "rollout.rollouts", values = "values.values", advantages = "adv.advantages" }}
-lr = 1.0
-eps = 1.0
-{micro}
-"#
-                )
-            })
-            .collect::<String>();
+    let nodes = critic_pair(
+        "",
+        ("rows", "micro_batch_size = 2"),
+        ("tokens", &format!("max_tokens_per_micro_batch = {budget}")),
+    );
     let mut b = build(&graph(&nodes, true), true);
     let before = b.weights("a");
     let values = values_of(&mut b, "values", &rollouts);

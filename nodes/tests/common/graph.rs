@@ -95,6 +95,67 @@ pub fn families() -> Vec<(String, String)> {
     by_type.into_iter().collect()
 }
 
+/// The nodes comparing two `update.ppo` configurations: an `old` log-prob node on model `a`, then
+/// node `first.0` on model `a` and node `second.0` on model `b`, both in `loss_agg_mode = mode`
+/// with an entropy bonus and AdamW's first step made smooth (lr 1, ε = 1: Δw = g / (|g| + 1)),
+/// each with its own further parameters (`first.1`, `second.1`: TOML lines).
+pub fn ppo_pair(mode: &str, first: (&str, &str), second: (&str, &str)) -> String {
+    let update = |(name, extra): (&str, &str), model: &str| {
+        format!(
+            r#"
+[nodes.{name}]
+kind = "update.ppo"
+model = "{model}"
+inputs = {{ rollouts = "rollout.rollouts", advantages = "adv.advantages", old_log_probs = "old.log_probs" }}
+loss_agg_mode = "{mode}"
+lr = 1.0
+eps = 1.0
+entropy_coeff = 0.01
+{extra}
+"#
+        )
+    };
+    format!(
+        r#"
+[nodes.old]
+kind = "logprob"
+model = "a"
+inputs = {{ rollouts = "rollout.rollouts" }}
+{}{}"#,
+        update(first, "a"),
+        update(second, "b"),
+    )
+}
+
+/// The nodes comparing two `update.critic` configurations: a `value` node `values` on model `a`
+/// (plus `values_extra`, TOML), then node `first.0` on `a` and `second.0` on `b` with AdamW's
+/// first step made smooth (lr 1, ε = 1), each with its further parameters.
+pub fn critic_pair(values_extra: &str, first: (&str, &str), second: (&str, &str)) -> String {
+    let update = |(name, extra): (&str, &str), model: &str| {
+        format!(
+            r#"
+[nodes.{name}]
+kind = "update.critic"
+model = "{model}"
+inputs = {{ rollouts = "rollout.rollouts", values = "values.values", advantages = "adv.advantages" }}
+lr = 1.0
+eps = 1.0
+{extra}
+"#
+        )
+    };
+    format!(
+        r#"
+[nodes.values]
+kind = "value"
+model = "a"
+inputs = {{ rollouts = "rollout.rollouts" }}
+{values_extra}{}{}"#,
+        update(first, "a"),
+        update(second, "b"),
+    )
+}
+
 /// A compiled graph's nodes, built over fresh copies of its models on one CPU.
 pub struct Built {
     resources: Arc<Resources>,
