@@ -24,7 +24,8 @@
 //!   and one AdamW step (global-norm clipping is left to the node; AdamW is what it calls). The
 //!   backward is the nodes' two-stage one (`sequences::chunked_loss_backward`: one chunk of
 //!   logits alive at a time); `BENCH_UPDATE=single` runs the single graph the nodes used before
-//!   (every chunk's logits kept for the backward), for comparison;
+//!   (every chunk's logits kept for the backward), for comparison; `BENCH_CHECKPOINTING=1`
+//!   the nodes' `gradient_checkpointing` (the decoder recomputed layer by layer in the backward);
 //! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;
 //! * `head`: only the LM head + log-softmax/entropy over the response positions, forward and
 //!   backward, from random hidden states (isolates the 32k-vocabulary part of `update`);
@@ -49,6 +50,7 @@ use flowrl_algorithms::{
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
+use flowrl_nodes::train::checkpoint::{TrunkBackward, checkpointed_trunk};
 use flowrl_nodes::train::sequences::chunked_loss_backward;
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
@@ -209,19 +211,53 @@ fn trunk<B: Backend>(
     x: &Batch,
     device: &B::Device,
 ) -> Result<(Tensor<B, 3>, Tensor<B, 2, Int>)> {
-    let lm = model.causal_lm();
+    let (ids, embeds, positions, mask) = trunk_inputs(model, x, device)?;
+    let hidden = model
+        .causal_lm()
+        .forward_hidden(ids, embeds, positions, mask, None);
+    mem("  decoder layers");
+    Ok((hidden.narrow(1, PROMPT - 1, x.new), x.labels(device)))
+}
+
+/// [`trunk`] with gradient checkpointing (`BENCH_CHECKPOINTING=1`, the update nodes'
+/// `gradient_checkpointing`): the decoder without its graph, and the backward that recomputes it.
+#[allow(clippy::type_complexity)]
+fn checkpointed(
+    model: &Model<Ad>,
+    x: &Batch,
+    device: &burn::tensor::Device<Ad>,
+) -> Result<(Tensor<Ad, 3>, Tensor<Ad, 2, Int>, TrunkBackward<Ad>)> {
+    let (ids, embeds, positions, mask) = trunk_inputs(model, x, device)?;
+    let (hidden, backward) = checkpointed_trunk(model, model, ids, embeds, positions, mask);
+    mem("  decoder layers (checkpointed)");
+    Ok((
+        hidden.narrow(1, PROMPT - 1, x.new),
+        x.labels(device),
+        backward,
+    ))
+}
+
+/// Token ids, input embeddings (the vision tower), position ids and the attention mask.
+#[allow(clippy::type_complexity)]
+fn trunk_inputs<B: Backend>(
+    model: &Model<B>,
+    x: &Batch,
+    device: &B::Device,
+) -> Result<(
+    Tensor<B, 2, Int>,
+    Tensor<B, 3>,
+    Tensor<B, 3, Int>,
+    Tensor<B, 2, Int>,
+)> {
     let embeds = model.input_embeddings_shared(&x.tokens, &x.images, &x.image_first, device)?;
     mem("  input embeddings (vision tower)");
     let positions = model.position_ids(&x.tokens, &x.images)?;
-    let hidden = lm.forward_hidden(
+    Ok((
         x.tokens.ids_tensor::<B>(device),
         embeds,
         positions.tensor::<B>(device),
         x.tokens.mask_tensor::<B>(device),
-        None,
-    );
-    mem("  decoder layers");
-    Ok((hidden.narrow(1, PROMPT - 1, x.new), x.labels(device)))
+    ))
 }
 
 /// Response log-probs and entropies `[b, T]` (what `nodes::sequences::SequenceBatch::log_probs`
@@ -304,9 +340,15 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
         let grads = GradientsParams::from_grads::<Ad, _>(loss.backward(), model);
         (t1, grads)
     } else {
-        let (response, labels) = trunk(model, x, device)?;
+        let (response, labels, backward) = if std::env::var("BENCH_CHECKPOINTING").is_ok() {
+            checkpointed(model, x, device)?
+        } else {
+            let (response, labels) = trunk(model, x, device)?;
+            (response, labels, TrunkBackward::Graph)
+        };
         mem("trunk forward (live: kept for the backward)");
         let t1 = Instant::now();
+        let response = (response, backward);
         let out = chunked_loss_backward(model, model, response, labels, 1.0, chunk(), |lp, _| {
             ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, x, device)
         })?;
@@ -535,7 +577,7 @@ fn main() -> Result<()> {
             }
         }
         _ => bail!(
-            "usage: bench-profile update|logprob|head|adamw|rollout (env BENCH_BATCH, BENCH_NEW, BENCH_REPS, BENCH_UPDATE)"
+            "usage: bench-profile update|logprob|head|adamw|rollout (env BENCH_BATCH, BENCH_NEW, BENCH_REPS, BENCH_UPDATE, BENCH_CHECKPOINTING, FLOWRL_SMALL_M_KERNEL)"
         ),
     }
     let measured = &times[times.len() - reps.max(1)..];
