@@ -36,10 +36,13 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 
 /// `(name, batch, m, k, n, transpose_rhs)`: shapes of the benchmark model's matmuls (hidden
 /// 512, MLP 1408, 8 heads of 64, a 37-row micro-batch slice), with a transposed weight as a
-/// `Linear` reads it, and batched attention scores.
-const SHAPES: [(&str, usize, usize, usize, usize, bool); 5] = [
+/// `Linear` reads it, and batched attention scores. The `x·Wᵀ` products of at most 64 rows take
+/// burn-flex's direct decoding kernel (`small_m`: AVX-512 on the host, AVX2 + FMA under
+/// valgrind), the others gemm's.
+const SHAPES: [(&str, usize, usize, usize, usize, bool); 6] = [
     ("x·W (MLP up)", 1, 37, 512, 1408, false),
     ("x·Wᵀ (strided weight)", 1, 37, 1408, 512, true),
+    ("decoding x·Wᵀ", 1, 3, 515, 130, true),
     ("square", 1, 96, 96, 96, false),
     ("attention scores", 16, 33, 64, 33, true),
     ("odd sizes", 3, 7, 13, 17, false),

@@ -532,7 +532,7 @@ fn small_m_size(m: usize, k: usize, n: usize) -> bool {
 
 /// flowrl patch: whether the direct kernel takes a small-row product: both operands contiguous
 /// along `k` (`lhs` row-major, `rhs` the transposed view of a row-major `[n, k]` weight, any row
-/// strides) and the CPU has AVX-512 (else gemm).
+/// strides) and the CPU has AVX-512 or AVX2 with FMA (else gemm).
 #[inline]
 fn small_m_layout(lhs_cs: isize, rhs_rs: isize) -> bool {
     #[cfg(all(target_arch = "x86_64", feature = "std"))]
@@ -547,15 +547,51 @@ fn small_m_layout(lhs_cs: isize, rhs_rs: isize) -> bool {
 }
 
 /// flowrl patch: `out[i, j] = Σ_l lhs[i, l] · rhs[l, j]` as dot products of rows of `lhs` with
-/// columns of `rhs` (both contiguous), AVX-512, 4 × 4 output tiles, the columns split across
-/// rayon's pool. Every weight element is read once per call from where it is stored (the
-/// 4-column block stays in L1 while all lhs rows pass over it), and nothing is packed.
+/// columns of `rhs` (both contiguous), in AVX-512 (4 × 4 output tiles of 16-lane accumulators) or,
+/// on CPUs without it, AVX2 + FMA (4 × 2 tiles of 8 lanes, which fit the 16 vector registers),
+/// the columns split across rayon's pool. Every weight element is read once per call from where
+/// it is stored (the column block stays in L1 while all lhs rows pass over it), and nothing is
+/// packed.
 #[cfg(all(target_arch = "x86_64", feature = "std"))]
 mod small_m {
     use core::arch::x86_64::*;
 
+    /// The instruction set a kernel runs on.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Isa {
+        Avx512,
+        Avx2,
+    }
+
+    impl Isa {
+        /// Output columns per tile.
+        fn columns(self) -> usize {
+            match self {
+                Isa::Avx512 => 4,
+                Isa::Avx2 => 2,
+            }
+        }
+    }
+
+    /// The kernel small-row products take: the best this CPU runs (AVX-512F, else AVX2 with
+    /// FMA, else none: gemm), or what `FLOWRL_SMALL_M_KERNEL` asks for (`avx2`: the AVX2 kernel
+    /// where the CPU runs it; `gemm`: none), decided once per process.
+    pub(super) fn best() -> Option<Isa> {
+        static CHOICE: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        *CHOICE.get_or_init(|| {
+            let avx512 = std::is_x86_feature_detected!("avx512f");
+            let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+            match std::env::var("FLOWRL_SMALL_M_KERNEL").as_deref() {
+                Ok("gemm") => None,
+                Ok("avx2") => avx2.then_some(Isa::Avx2),
+                _ if avx512 => Some(Isa::Avx512),
+                _ => avx2.then_some(Isa::Avx2),
+            }
+        })
+    }
+
     pub(super) fn available() -> bool {
-        std::is_x86_feature_detected!("avx512f")
+        best().is_some()
     }
 
     #[derive(Clone, Copy)]
@@ -569,8 +605,6 @@ mod small_m {
     unsafe impl Send for Ptrs {}
     unsafe impl Sync for Ptrs {}
 
-    /// Columns per tile.
-    const NB: usize = 4;
     /// Rows per tile.
     const MB: usize = 4;
 
@@ -590,17 +624,45 @@ mod small_m {
         out: *mut f32,
         parallel: bool,
     ) {
+        let isa = best().expect("the caller checked `available`");
+        unsafe { matmul_on(isa, m, k, n, lhs, lhs_rs, rhs, rhs_cs, out, parallel) }
+    }
+
+    /// [`matmul`] on `isa`.
+    ///
+    /// # Safety
+    /// As [`matmul`], and the CPU runs `isa`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn matmul_on(
+        isa: Isa,
+        m: usize,
+        k: usize,
+        n: usize,
+        lhs: *const f32,
+        lhs_rs: isize,
+        rhs: *const f32,
+        rhs_cs: isize,
+        out: *mut f32,
+        parallel: bool,
+    ) {
         let p = Ptrs { lhs, rhs, out };
         let run = move |j0: usize, j1: usize| {
             let p = p;
-            unsafe { columns(m, k, n, p.lhs, lhs_rs, p.rhs, rhs_cs, p.out, j0, j1) }
+            unsafe {
+                match isa {
+                    Isa::Avx512 => {
+                        columns_avx512(m, k, n, p.lhs, lhs_rs, p.rhs, rhs_cs, p.out, j0, j1)
+                    }
+                    Isa::Avx2 => columns_avx2(m, k, n, p.lhs, lhs_rs, p.rhs, rhs_cs, p.out, j0, j1),
+                }
+            }
         };
         #[cfg(feature = "rayon")]
         if parallel {
             use rayon::prelude::*;
             // A few tasks per thread, whole tiles each, so that a slow core does not hold the rest.
             let tasks = rayon::current_num_threads().max(1) * 4;
-            let cols = n.div_ceil(tasks).next_multiple_of(NB);
+            let cols = n.div_ceil(tasks).next_multiple_of(isa.columns());
             (0..n.div_ceil(cols))
                 .into_par_iter()
                 .for_each(|t| run(t * cols, ((t + 1) * cols).min(n)));
@@ -610,66 +672,83 @@ mod small_m {
         run(0, n);
     }
 
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn columns(
-        m: usize,
-        k: usize,
-        n: usize,
-        lhs: *const f32,
-        lhs_rs: isize,
-        rhs: *const f32,
-        rhs_cs: isize,
-        out: *mut f32,
-        j0: usize,
-        j1: usize,
-    ) {
-        let mut j = j0;
-        while j < j1 {
-            let nb = (j1 - j).min(NB);
-            let b = rhs.wrapping_offset(j as isize * rhs_cs);
-            let mut i = 0;
-            while i < m {
-                let mb = (m - i).min(MB);
-                let a = lhs.wrapping_offset(i as isize * lhs_rs);
-                let o = out.wrapping_add(i * n + j);
-                macro_rules! dispatch {
-                    ($(($r:literal, $c:literal)),*) => {
+    /// `columns_*`: the tiles of output columns `j0..j1`, `MB` rows × `NB` columns at a time,
+    /// each tile computed by the ISA's `tile::<R, C>`.
+    macro_rules! columns {
+        ($name:ident, $feature:literal, $tile:ident, $nb:literal, [$(($r:literal, $c:literal)),*]) => {
+            #[target_feature(enable = $feature)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn $name(
+                m: usize,
+                k: usize,
+                n: usize,
+                lhs: *const f32,
+                lhs_rs: isize,
+                rhs: *const f32,
+                rhs_cs: isize,
+                out: *mut f32,
+                j0: usize,
+                j1: usize,
+            ) {
+                let mut j = j0;
+                while j < j1 {
+                    let nb = (j1 - j).min($nb);
+                    let b = rhs.wrapping_offset(j as isize * rhs_cs);
+                    let mut i = 0;
+                    while i < m {
+                        let mb = (m - i).min(MB);
+                        let a = lhs.wrapping_offset(i as isize * lhs_rs);
+                        let o = out.wrapping_add(i * n + j);
                         match (mb, nb) {
-                            $(($r, $c) => unsafe { tile::<$r, $c>(k, a, lhs_rs, b, rhs_cs, o, n) },)*
+                            $(($r, $c) => unsafe { $tile::<$r, $c>(k, a, lhs_rs, b, rhs_cs, o, n) },)*
                             _ => unreachable!(),
                         }
-                    };
+                        i += mb;
+                    }
+                    j += nb;
                 }
-                dispatch!(
-                    (4, 4),
-                    (4, 3),
-                    (4, 2),
-                    (4, 1),
-                    (3, 4),
-                    (3, 3),
-                    (3, 2),
-                    (3, 1),
-                    (2, 4),
-                    (2, 3),
-                    (2, 2),
-                    (2, 1),
-                    (1, 4),
-                    (1, 3),
-                    (1, 2),
-                    (1, 1)
-                );
-                i += mb;
             }
-            j += nb;
-        }
+        };
     }
+
+    columns!(
+        columns_avx512,
+        "avx512f",
+        tile_avx512,
+        4,
+        [
+            (4, 4),
+            (4, 3),
+            (4, 2),
+            (4, 1),
+            (3, 4),
+            (3, 3),
+            (3, 2),
+            (3, 1),
+            (2, 4),
+            (2, 3),
+            (2, 2),
+            (2, 1),
+            (1, 4),
+            (1, 3),
+            (1, 2),
+            (1, 1)
+        ]
+    );
+
+    columns!(
+        columns_avx2,
+        "avx2,fma",
+        tile_avx2,
+        2,
+        [(4, 2), (4, 1), (3, 2), (3, 1), (2, 2), (2, 1), (1, 2), (1, 1)]
+    );
 
     /// One `R × C` tile of `out` (row stride `ldo`): `R · C` accumulators of 16 lanes over `k`,
     /// the tail under a mask, then one horizontal sum each.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn tile<const R: usize, const C: usize>(
+    unsafe fn tile_avx512<const R: usize, const C: usize>(
         k: usize,
         a: *const f32,
         lhs_rs: isize,
@@ -710,6 +789,62 @@ mod small_m {
             for r in 0..R {
                 for c in 0..C {
                     *out.add(r * ldo + c) = _mm512_reduce_add_ps(acc[r][c]);
+                }
+            }
+        }
+    }
+
+    /// [`tile_avx512`] in AVX2 + FMA: accumulators of 8 lanes, the tail under a
+    /// `maskload`, the horizontal sum by halving.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile_avx2<const R: usize, const C: usize>(
+        k: usize,
+        a: *const f32,
+        lhs_rs: isize,
+        b: *const f32,
+        rhs_cs: isize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let mut l = 0;
+            while l + 8 <= k {
+                let mut bv = [_mm256_setzero_ps(); C];
+                for c in 0..C {
+                    bv[c] = _mm256_loadu_ps(b.offset(c as isize * rhs_cs).add(l));
+                }
+                for r in 0..R {
+                    let av = _mm256_loadu_ps(a.offset(r as isize * lhs_rs).add(l));
+                    for c in 0..C {
+                        acc[r][c] = _mm256_fmadd_ps(av, bv[c], acc[r][c]);
+                    }
+                }
+                l += 8;
+            }
+            if l < k {
+                // Lanes below the remainder load; the others read as 0 (and are not touched).
+                let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((k - l) as i32), lanes);
+                let mut bv = [_mm256_setzero_ps(); C];
+                for c in 0..C {
+                    bv[c] = _mm256_maskload_ps(b.offset(c as isize * rhs_cs).add(l), mask);
+                }
+                for r in 0..R {
+                    let av = _mm256_maskload_ps(a.offset(r as isize * lhs_rs).add(l), mask);
+                    for c in 0..C {
+                        acc[r][c] = _mm256_fmadd_ps(av, bv[c], acc[r][c]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    let v = acc[r][c];
+                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0b01));
+                    *out.add(r * ldo + c) = _mm_cvtss_f32(s);
                 }
             }
         }
@@ -1390,6 +1525,66 @@ mod tests {
             diff <= 1e-5 * scale,
             "m={m} n={n}: max diff {diff} vs scale {scale}"
         );
+    }
+
+    /// Every direct kernel this CPU runs (AVX-512 and AVX2 here, AVX2 alone elsewhere), called
+    /// on its own, against an f64 reference: row-strided operands, `k` not a multiple of a
+    /// vector, `m` and `n` not multiples of a tile, serial and split over the pool.
+    #[cfg(all(target_arch = "x86_64", feature = "std"))]
+    #[test]
+    fn test_small_m_kernels_match_a_reference_on_every_isa() {
+        use super::small_m::{Isa, matmul_on};
+        let isas: Vec<Isa> = [
+            (Isa::Avx512, std::is_x86_feature_detected!("avx512f")),
+            (
+                Isa::Avx2,
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(isa, runs)| runs.then_some(isa))
+        .collect();
+        eprintln!("direct kernels checked: {isas:?}");
+        for (i, &(m, k, n)) in [(1, 512, 64), (4, 17, 9), (7, 1408, 130), (64, 100, 41), (5, 8, 3)]
+            .iter()
+            .enumerate()
+        {
+            let (lhs_rs, rhs_cs) = (k + 3, k + 5);
+            let values = |t: FlexTensor| t.into_data().to_vec::<f32>().unwrap();
+            let lhs = values(lcg_matrix(i as u64 * 2, m, lhs_rs));
+            let rhs = values(lcg_matrix(i as u64 * 2 + 1, n, rhs_cs));
+            for &isa in &isas {
+                for parallel in [false, true] {
+                    let mut out = vec![f32::NAN; m * n];
+                    unsafe {
+                        matmul_on(
+                            isa,
+                            m,
+                            k,
+                            n,
+                            lhs.as_ptr(),
+                            lhs_rs as isize,
+                            rhs.as_ptr(),
+                            rhs_cs as isize,
+                            out.as_mut_ptr(),
+                            parallel,
+                        );
+                    }
+                    for r in 0..m {
+                        for c in 0..n {
+                            let (a, b) = (&lhs[r * lhs_rs..][..k], &rhs[c * rhs_cs..][..k]);
+                            let exact: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+                            let scale: f64 = a.iter().zip(b).map(|(x, y)| (*x * *y).abs() as f64).sum();
+                            let got = out[r * n + c] as f64;
+                            assert!(
+                                (got - exact).abs() <= 1e-5 * scale.max(1e-30),
+                                "{isa:?} ({m}, {k}, {n}) parallel={parallel} [{r}, {c}]: {got} vs {exact}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
