@@ -117,7 +117,8 @@ impl<B: Backend> QwenVl<B> {
 }
 
 /// The [`CausalLm`] of a Qwen model struct with a decoder `text` (`embed`, `forward`, `logits`,
-/// `layers`, `decoder_inputs`, `layer_input_channels`, `segment`, `final_norm`) and a [`config::TextConfig`] at `config.text`: Qwen2-VL's and Qwen3-VL's.
+/// `layers`, `decoder_inputs`, `layer_input_channels`, `segment`, `final_norm`) and a
+/// [`config::TextConfig`] at `config.text`: Qwen2-VL's and Qwen3-VL's.
 macro_rules! qwen_causal_lm {
     ($model:ident) => {
         impl<B: Backend> CausalLm<B> for $model<B> {

@@ -19,7 +19,9 @@
 //! them; per chunk, the logits again and that chunk's backward; then the trunk's backward from
 //! the collected hidden-state gradients), exact by the chain rule, with one chunk of logits (and
 //! its log-softmax intermediates) alive at a time, forward or backward. The `logprob` node runs
-//! [`SequenceBatch::log_probs`] on the non-autodiff model.
+//! [`SequenceBatch::log_probs`] on the non-autodiff model. With the update nodes'
+//! `gradient_checkpointing`, the trunk keeps no graph either: its backward recomputes the decoder
+//! one layer at a time ([`crate::train::checkpoint`]).
 //!
 //! The nodes' default `chunk` is 16: a smaller block lowers the peak memory of the update and of
 //! the log-prob pass at the same CPU time (bench/results/profile.md).
