@@ -21,7 +21,8 @@
 //! * `update`: one micro-batch of `update.ppo` on the nodes' `CpuBackend`: forward, response
 //!   log-probs and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`,
 //!   chunk 16), the PPO-clip token-mean loss against detached log-probs (on-policy), backward,
-//!   and one AdamW step (global-norm clipping is left to the node; AdamW is what it calls). The
+//!   and one step of flowrl's AdamW (the nodes' fused one, torch's defaults; global-norm clipping
+//!   is left to the node). The
 //!   backward is the nodes' two-stage one (`sequences::chunked_loss_backward`: one chunk of
 //!   logits alive at a time); `BENCH_UPDATE=single` runs the single graph the nodes used before
 //!   (every chunk's logits kept for the backward), for comparison; `BENCH_CHECKPOINTING=1`
@@ -29,7 +30,8 @@
 //! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;
 //! * `head`: only the LM head + log-softmax/entropy over the response positions, forward and
 //!   backward, from random hidden states (isolates the 32k-vocabulary part of `update`);
-//! * `adamw`: one AdamW step with gradients of ones on every parameter (isolates the optimizer);
+//! * `adamw`: one step of flowrl's AdamW with gradients of ones on every parameter (isolates
+//!   the optimizer);
 //! * `rollout`: the `rollout` node's generation on `Flex`: `BENCH_BATCH / BENCH_N` prompts (the
 //!   prompt part of the rows above), each answered `BENCH_N` times, `BENCH_NEW` new tokens sampled
 //!   at temperature 1 (rows stop early only on the model's EOS).
@@ -42,7 +44,7 @@ use anyhow::{Context, Result, bail};
 use burn::backend::Flex;
 use burn::backend::flex::FlexDevice;
 use burn::module::AutodiffModule;
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use flowrl_algorithms::{
     ClipConfig, GlobalBatchInfo, LossAggMode, entropy_and_logprobs_from_hidden, policy_loss_vanilla,
@@ -51,6 +53,7 @@ use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generat
 use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 use flowrl_nodes::train::checkpoint::{TrunkBackward, checkpointed_trunk};
+use flowrl_nodes::train::optim::{AdamW, AdamWConfig};
 use flowrl_nodes::train::sequences::chunked_loss_backward;
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
@@ -357,9 +360,7 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
     };
     let t2 = Instant::now();
     mem("backward (live: gradients)");
-    let mut opt = AdamWConfig::new()
-        .with_weight_decay(0.01)
-        .init::<Ad, Model<Ad>>();
+    let mut opt = AdamW::<Ad>::new(AdamWConfig::default());
     *model = opt.step(1e-6, model.clone(), grads);
     let t3 = Instant::now();
     drop(opt);
@@ -413,9 +414,7 @@ fn measured_adamw(model: &mut Model<Ad>, device: &FlexDevice) -> Result<[f64; 3]
     // Gradients of ones on every parameter: the sum of all weights' sums has unit gradients.
     let grads = GradientsParams::from_grads::<Ad, _>(param_sum(model, device).backward(), model);
     let t1 = Instant::now();
-    let mut opt = AdamWConfig::new()
-        .with_weight_decay(0.01)
-        .init::<Ad, Model<Ad>>();
+    let mut opt = AdamW::<Ad>::new(AdamWConfig::default());
     *model = opt.step(1e-6, model.clone(), grads);
     Ok([0.0, 0.0, t1.elapsed().as_secs_f64()])
 }
