@@ -22,9 +22,9 @@
 //!   log-probs and entropies through the chunked LM head (`entropy_and_logprobs_from_hidden`,
 //!   chunk 16), the PPO-clip token-mean loss against detached log-probs (on-policy), backward,
 //!   and one step of flowrl's AdamW (the nodes' fused one, torch's defaults; global-norm clipping
-//!   is left to the node). The
-//!   backward is the nodes' two-stage one (`sequences::chunked_loss_backward`: one chunk of
-//!   logits alive at a time); `BENCH_UPDATE=single` runs the single graph the nodes used before
+//!   is left to the node). The backward is the nodes' two-stage one
+//!   (`sequences::chunked_loss_backward`: one chunk of logits alive at a time);
+//!   `BENCH_UPDATE=single` runs the single graph the nodes used before
 //!   (every chunk's logits kept for the backward), for comparison; `BENCH_CHECKPOINTING=1`
 //!   the nodes' `gradient_checkpointing` (the decoder recomputed layer by layer in the backward);
 //! * `logprob`: the `logprob` node's pass on `Flex` (no autodiff): forward + log-probs;

@@ -424,6 +424,22 @@ pub struct DecoderInputs<B: Backend> {
     pub layer_inputs: Option<Tensor<B, 3>>,
 }
 
+/// The layer inputs that a segment reads: the channels `wanted`
+/// ([`CausalLm::layer_input_channels`]) clamped to the width of `layer_inputs` (a batch may carry
+/// fewer: Qwen3-VL's text-only inputs have no DeepStack blocks), and their values (a view;
+/// `None` when there are none).
+pub fn layer_input_slice<B: Backend>(
+    layer_inputs: Option<&Tensor<B, 3>>,
+    wanted: Range<usize>,
+) -> (Range<usize>, Option<Tensor<B, 3>>) {
+    let width = layer_inputs.map_or(0, |t| t.dims()[2]);
+    let channels = wanted.start.min(width)..wanted.end.min(width);
+    let slice = layer_inputs
+        .filter(|_| !channels.is_empty())
+        .map(|t| t.clone().narrow(2, channels.start, channels.len()));
+    (channels, slice)
+}
+
 /// A vision tower: processed images to embeddings in the text model's hidden width.
 pub trait Vision<B: Backend> {
     /// The token id whose positions receive image embeddings.

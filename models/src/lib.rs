@@ -36,6 +36,6 @@ pub mod weights;
 pub use capabilities::{
     CausalLm, DecoderInputs, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch,
     PositionIds, ProcessedImage, VideoFrames, VideoProcessor, VideoTiming, Vision, embed_inputs,
-    load_image_processor, plain_positions, scatter_image_embeddings,
+    layer_input_slice, load_image_processor, plain_positions, scatter_image_embeddings,
 };
 pub use model::Model;

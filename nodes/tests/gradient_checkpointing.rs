@@ -23,6 +23,7 @@ use common::graph::{
     families, graph_of, log_probs_of, ppo_inputs, ppo_pair, rollouts_of, values_of,
 };
 use flowrl_engine::DeviceSpec;
+use flowrl_models::layer_input_slice;
 use flowrl_models::lora::{AdapterInit, DropoutScope, LoraConfig};
 use flowrl_models::weights::Precision;
 use flowrl_nodes::backend::CpuBackend;
@@ -88,14 +89,8 @@ fn segments_in_order_are_the_decoder_for_every_family() {
         );
         let mut h = inputs.stream;
         for layers in segments {
-            let channels = lm.layer_input_channels(layers.clone());
-            let width = inputs.layer_inputs.as_ref().map_or(0, |t| t.dims()[2]);
-            let channels = channels.start.min(width)..channels.end.min(width);
-            let u = inputs
-                .layer_inputs
-                .clone()
-                .filter(|_| !channels.is_empty())
-                .map(|t| t.narrow(2, channels.start, channels.len()));
+            let wanted = lm.layer_input_channels(layers.clone());
+            let (_, u) = layer_input_slice(inputs.layer_inputs.as_ref(), wanted);
             h = lm.decoder_segment(layers, h, u, positions.clone(), mask.clone());
         }
         let h = lm.final_norm(h);

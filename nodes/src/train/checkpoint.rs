@@ -35,7 +35,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use flowrl_engine::Params;
 use flowrl_models::lora::{DropoutPosition, DropoutScope, TrainingSweep};
-use flowrl_models::{DecoderInputs, Model};
+use flowrl_models::{DecoderInputs, Model, layer_input_slice};
 use serde::Deserialize;
 
 use super::sequences::{in_dtypes_of, leaf_copy};
@@ -65,8 +65,9 @@ pub struct Recompute<B: AutodiffBackend> {
     leaf: Model<B>,
     /// The embeddings stage's outputs, with their graph (through the view).
     inputs: DecoderInputs<B>,
-    /// Per segment: its layers, its layer-input channels (clamped to the batch's), the stream
-    /// entering it, and where the dropout stream stood when the forward ran it.
+    /// Per segment: its layers, its layer-input channels (clamped to the batch's) and their
+    /// values, the stream entering it, and where the dropout stream stood when the forward ran
+    /// it.
     segments: Vec<Segment<B>>,
     /// The stream after the last segment, a leaf the final norm hangs off.
     last: Tensor<B, 3>,
@@ -78,6 +79,8 @@ struct Segment<B: AutodiffBackend> {
     layers: Range<usize>,
     channels: Range<usize>,
     input: Tensor<B::InnerBackend, 3>,
+    /// The channels `channels` of the layer inputs (a view), `None` when empty.
+    layer_inputs: Option<Tensor<B::InnerBackend, 3>>,
     dropout: DropoutPosition,
 }
 
@@ -98,24 +101,19 @@ pub fn checkpointed_trunk<B: AutodiffBackend>(
     let lm = inner_view.causal_lm();
     let (inner_positions, inner_mask) = (positions.clone().inner(), mask.clone().inner());
     let layer_inputs = inputs.layer_inputs.clone().map(|t| t.inner());
-    let width = layer_inputs.as_ref().map_or(0, |t| t.dims()[2]);
     let mut h = inputs.stream.clone().inner();
     let mut segments = Vec::new();
     {
         let _sweep = TrainingSweep::enter();
         for layers in lm.decoder_segments() {
             let wanted = lm.layer_input_channels(layers.clone());
-            let channels = wanted.start.min(width)..wanted.end.min(width);
-            let slice = layer_inputs
-                .as_ref()
-                .filter(|_| !channels.is_empty())
-                .map(|t| t.clone().narrow(2, channels.start, channels.len()));
+            let (channels, layer_inputs) = layer_input_slice(layer_inputs.as_ref(), wanted);
             let input = h.clone();
             let dropout = DropoutPosition::now();
             h = lm.decoder_segment(
                 layers.clone(),
                 h,
-                slice,
+                layer_inputs.clone(),
                 inner_positions.clone(),
                 inner_mask.clone(),
             );
@@ -123,6 +121,7 @@ pub fn checkpointed_trunk<B: AutodiffBackend>(
                 layers,
                 channels,
                 input,
+                layer_inputs,
                 dropout,
             });
         }
@@ -165,18 +164,9 @@ impl<B: AutodiffBackend> TrunkBackward<B> {
         let mut input_grads = Vec::new();
         for segment in r.segments.into_iter().rev() {
             let x = Tensor::<B, 3>::from_inner(segment.input).require_grad();
-            let u = r
-                .inputs
+            let u = segment
                 .layer_inputs
-                .as_ref()
-                .filter(|_| !segment.channels.is_empty())
-                .map(|t| {
-                    let slice =
-                        t.clone()
-                            .inner()
-                            .narrow(2, segment.channels.start, segment.channels.len());
-                    Tensor::<B, 3>::from_inner(slice).require_grad()
-                });
+                .map(|t| Tensor::<B, 3>::from_inner(t).require_grad());
             let y = {
                 let _replay = DropoutScope::replay(segment.dropout);
                 lm.decoder_segment(

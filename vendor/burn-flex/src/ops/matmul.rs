@@ -565,10 +565,20 @@ mod small_m {
 
     impl Isa {
         /// Output columns per tile.
-        fn columns(self) -> usize {
+        const fn columns(self) -> usize {
             match self {
                 Isa::Avx512 => 4,
                 Isa::Avx2 => 2,
+            }
+        }
+
+        /// Whether this CPU runs the kernel.
+        pub(super) fn runs(self) -> bool {
+            match self {
+                Isa::Avx512 => std::is_x86_feature_detected!("avx512f"),
+                Isa::Avx2 => {
+                    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+                }
             }
         }
     }
@@ -579,14 +589,12 @@ mod small_m {
     pub(super) fn best() -> Option<Isa> {
         static CHOICE: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
         *CHOICE.get_or_init(|| {
-            let avx512 = std::is_x86_feature_detected!("avx512f");
-            let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-            match std::env::var("FLOWRL_SMALL_M_KERNEL").as_deref() {
-                Ok("gemm") => None,
-                Ok("avx2") => avx2.then_some(Isa::Avx2),
-                _ if avx512 => Some(Isa::Avx512),
-                _ => avx2.then_some(Isa::Avx2),
-            }
+            let wanted: &[Isa] = match std::env::var("FLOWRL_SMALL_M_KERNEL").as_deref() {
+                Ok("gemm") => &[],
+                Ok("avx2") => &[Isa::Avx2],
+                _ => &[Isa::Avx512, Isa::Avx2],
+            };
+            wanted.iter().copied().find(|isa| isa.runs())
         })
     }
 
@@ -672,10 +680,10 @@ mod small_m {
         run(0, n);
     }
 
-    /// `columns_*`: the tiles of output columns `j0..j1`, `MB` rows × `NB` columns at a time,
-    /// each tile computed by the ISA's `tile::<R, C>`.
+    /// `columns_*`: the tiles of output columns `j0..j1`, `MB` rows × the ISA's
+    /// [`Isa::columns`] at a time, each tile computed by the ISA's `tile::<R, C>`.
     macro_rules! columns {
-        ($name:ident, $feature:literal, $tile:ident, $nb:literal, [$(($r:literal, $c:literal)),*]) => {
+        ($name:ident, $feature:literal, $tile:ident, $isa:expr, [$(($r:literal, $c:literal)),*]) => {
             #[target_feature(enable = $feature)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn $name(
@@ -692,7 +700,7 @@ mod small_m {
             ) {
                 let mut j = j0;
                 while j < j1 {
-                    let nb = (j1 - j).min($nb);
+                    let nb = (j1 - j).min($isa.columns());
                     let b = rhs.wrapping_offset(j as isize * rhs_cs);
                     let mut i = 0;
                     while i < m {
@@ -715,7 +723,7 @@ mod small_m {
         columns_avx512,
         "avx512f",
         tile_avx512,
-        4,
+        Isa::Avx512,
         [
             (4, 4),
             (4, 3),
@@ -740,7 +748,7 @@ mod small_m {
         columns_avx2,
         "avx2,fma",
         tile_avx2,
-        2,
+        Isa::Avx2,
         [(4, 2), (4, 1), (3, 2), (3, 1), (2, 2), (2, 1), (1, 2), (1, 1)]
     );
 
@@ -888,29 +896,19 @@ mod openblas {
     /// How cblas reads a `rows × cols` operand with these strides: (transposed, leading
     /// dimension), or `None` when neither stride is 1 (or the leading one too small / too big).
     fn operand(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<(c_int, c_int)> {
-        let ld = |stride: isize, min: usize| -> Option<c_int> {
-            let ld = if stride >= min.max(1) as isize {
-                stride as usize
-            } else {
+        // The leading dimension: the other stride, at least the contiguous extent (any value
+        // for a single row or column, whose stride cblas never follows).
+        let ld = |lines: usize, stride: isize, extent: usize| -> Option<c_int> {
+            let ld = if lines == 1 { extent.max(1) as isize } else { stride };
+            if ld < extent.max(1) as isize {
                 return None;
-            };
+            }
             c_int::try_from(ld).ok()
         };
         if cs == 1 {
-            // Row-major; a single row's row stride is irrelevant.
-            let ld = if rows == 1 {
-                Some(cols.max(1) as c_int)
-            } else {
-                ld(rs, cols)
-            }?;
-            Some((NO_TRANS, ld))
+            Some((NO_TRANS, ld(rows, rs, cols)?))
         } else if rs == 1 {
-            let ld = if cols == 1 {
-                Some(rows.max(1) as c_int)
-            } else {
-                ld(cs, rows)
-            }?;
-            Some((TRANS, ld))
+            Some((TRANS, ld(cols, cs, rows)?))
         } else {
             None
         }
@@ -1534,16 +1532,10 @@ mod tests {
     #[test]
     fn test_small_m_kernels_match_a_reference_on_every_isa() {
         use super::small_m::{Isa, matmul_on};
-        let isas: Vec<Isa> = [
-            (Isa::Avx512, std::is_x86_feature_detected!("avx512f")),
-            (
-                Isa::Avx2,
-                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(isa, runs)| runs.then_some(isa))
-        .collect();
+        let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|isa| isa.runs())
+            .collect();
         eprintln!("direct kernels checked: {isas:?}");
         for (i, &(m, k, n)) in [(1, 512, 64), (4, 17, 9), (7, 1408, 130), (64, 100, 41), (5, 8, 3)]
             .iter()
