@@ -1,0 +1,106 @@
+//! Backward passes on several threads at once keep every gradient.
+//!
+//! A step runs independent nodes concurrently (update.critic beside update.ppo in the PPO graph)
+//! and data-parallel replicas each in their own thread, so backward passes of different models
+//! overlap in one process. burn-autodiff keeps one process-wide map of graphs, and every
+//! `backward()` ends by freeing the graphs it finds unused. Its release 0.21 let that sweep free
+//! an input of a `cat` in flight on another thread. That happened when the input was the only
+//! node of its graph: an op on a parameter reused after an earlier backward, such as the token
+//! embeddings that `scatter_image_embeddings` concatenates with the image rows. The parameter's
+//! gradient was then silently missing (tracel-ai/burn#5573; vendor/README.md has the patch).
+
+use burn::prelude::*;
+use burn::tensor::module::embedding;
+use flowrl_models::scatter_image_embeddings;
+use flowrl_nodes::runtime::backend::CpuBackend as B;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+type Inner = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+
+const VOCAB: usize = 32;
+const HIDDEN: usize = 64;
+/// Sequence length: long enough that the concatenation's copy takes a while (the window).
+const LEN: usize = 1 << 14;
+const IMAGE_TOKEN: u32 = 7;
+const ROUNDS: usize = 40;
+
+/// A prompt of [`LEN`] tokens, every second one an image token, the others 1..=5.
+fn ids() -> Vec<u32> {
+    (0..LEN as u32)
+        .map(|i| if i % 2 == 0 { IMAGE_TOKEN } else { 1 + i % 5 })
+        .collect()
+}
+
+/// The gradient of `Σ c ⊙ merge(embed(weight, ids), images)` for the embedding weight, as the
+/// first part of a VLM forward computes it, or `None` where the backward lost it.
+fn embedding_gradient(weight: &Tensor<B, 2>, images: &Tensor<B, 2>) -> Option<Vec<f32>> {
+    let device = weight.device();
+    let ids = ids();
+    let index = Tensor::<B, 2, Int>::from_data(
+        TensorData::new(ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, LEN]),
+        &device,
+    );
+    let text = embedding(weight.clone(), index);
+    let merged = scatter_image_embeddings(text, &ids, &[IMAGE_TOKEN], images.clone()).unwrap();
+    let c = Tensor::<B, 3>::from_inner(
+        Tensor::<Inner, 1, Int>::arange(0..(LEN * HIDDEN) as i64, &device)
+            .float()
+            .reshape([1, LEN, HIDDEN])
+            .mul_scalar(1e-6),
+    );
+    let grads = (merged * c).sum().backward();
+    weight
+        .grad(&grads)
+        .map(|g| g.into_data().to_vec::<f32>().unwrap())
+}
+
+#[test]
+fn a_backward_on_another_thread_does_not_lose_an_embedding_gradient() {
+    let device = Default::default();
+    let weight = Tensor::<B, 2>::from_inner(
+        Tensor::<Inner, 1, Int>::arange(0..(VOCAB * HIDDEN) as i64, &device)
+            .float()
+            .reshape([VOCAB, HIDDEN])
+            .mul_scalar(1e-4),
+    )
+    .require_grad();
+    let images = Tensor::<B, 2>::from_inner(Tensor::<Inner, 2>::ones([LEN / 2, HIDDEN], &device));
+    // The first backward also makes `weight` a reused leaf, as after a first micro-batch.
+    let want = embedding_gradient(&weight, &images).expect("no other thread yet");
+    assert!(want.iter().any(|&g| g != 0.0));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sweepers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let device = Default::default();
+                let mut passes = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let x = Tensor::<B, 1>::from_inner(Tensor::<Inner, 1>::ones([4], &device))
+                        .require_grad();
+                    let _ = (x * 2.0).sum().backward();
+                    passes += 1;
+                }
+                passes
+            })
+        })
+        .collect();
+    let (mut lost, mut wrong) = (0, 0);
+    for _ in 0..ROUNDS {
+        match embedding_gradient(&weight, &images) {
+            None => lost += 1,
+            Some(g) if g != want => wrong += 1,
+            Some(_) => {}
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let passes: u64 = sweepers.into_iter().map(|s| s.join().unwrap()).sum();
+    assert!(passes > 0, "the other threads ran no backward pass");
+    assert_eq!(
+        (lost, wrong),
+        (0, 0),
+        "of {ROUNDS} backward passes beside {passes} on other threads: (lost, wrong) gradients"
+    );
+}
