@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use burn::backend::Flex;
-use common::{BIN, SMALL, flowrl, metrics, root};
+use common::{BIN, SMALL, assert_identical_metrics, flowrl, metrics, root};
 use flowrl_models::lora::{AdapterInit, read_peft_adapter};
 use flowrl_models::weights::Precision;
 use flowrl_models::{Model, PaddedBatch};
@@ -60,10 +60,10 @@ fn lora_run_checkpoints_adapters_only_resumes_exactly_and_exports() {
         m.iter()
             .all(|s| s["actor/grad_norm"].as_f64().unwrap() > 0.0)
     );
-    assert_eq!(
-        metrics(&resumed),
-        m,
-        "a resumed LoRA run reproduces the uninterrupted one"
+    assert_identical_metrics(
+        &metrics(&resumed),
+        &m,
+        "a resumed LoRA run reproduces the uninterrupted one",
     );
 
     // The checkpoint: a PEFT adapter, AdamW moments of adapter weights only, no full model.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{BIN, GRAPH, SMALL, flowrl, metrics, root};
+use common::{BIN, GRAPH, SMALL, assert_identical_metrics, flowrl, metrics, root};
 
 /// Per test run, besides [`SMALL`]: an evaluation every step, a checkpoint every 2.
 const EXTRA: &[&str] = &[
@@ -193,7 +193,7 @@ fn same_seed_gives_identical_metrics() {
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     run(&a, 3);
     run(&b, 3);
-    assert_eq!(metrics(&a), metrics(&b));
+    assert_identical_metrics(&metrics(&a), &metrics(&b), "two runs with one seed");
 }
 
 #[test]
@@ -238,5 +238,9 @@ fn a_run_killed_after_a_checkpoint_resumes_into_the_same_metrics() {
 
     flowrl(&["run", "--resume", killed.to_str().unwrap(), "--steps", "4"]);
     // Key for key, the data report included (it belongs to the run's first step only).
-    assert_eq!(metrics(&killed), metrics(&full));
+    assert_identical_metrics(
+        &metrics(&killed),
+        &metrics(&full),
+        "a killed and resumed run",
+    );
 }

@@ -60,6 +60,40 @@ pub fn metrics(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// `b` holds exactly `a`'s metrics, step for step and key for key. A failure lists the metrics
+/// that differ (step, name, both values) instead of printing both runs whole.
+pub fn assert_identical_metrics(a: &[Value], b: &[Value], what: &str) {
+    let mut diffs = Vec::new();
+    if a.len() != b.len() {
+        diffs.push(format!("{} steps vs {}", a.len(), b.len()));
+    }
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+        let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            if x.get(k) != y.get(k) {
+                let value = |m: &serde_json::Map<String, Value>| {
+                    m.get(k).map_or("absent".into(), |v| v.to_string())
+                };
+                diffs.push(format!(
+                    "step {}: {k}: {} vs {}",
+                    x["step"],
+                    value(x),
+                    value(y)
+                ));
+            }
+        }
+    }
+    assert!(
+        diffs.is_empty(),
+        "{what}: {} metrics differ:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+}
+
 /// Every metric of `b` equals `a`'s within 2e-3 relative (absolute below 1e-2; timings and
 /// throughput excepted), and the run is not trivially equal: it sampled, scored and updated.
 pub fn assert_same_metrics(a: &[Value], b: &[Value], what: &str) {
