@@ -32,6 +32,15 @@ fn ids() -> Vec<u32> {
         .collect()
 }
 
+/// `scale · (0, 1, 2, …)` in `shape`, row-major.
+fn ramp<const D: usize>(shape: [usize; D], scale: f64) -> Tensor<Inner, D> {
+    let n = shape.iter().product::<usize>() as i64;
+    Tensor::<Inner, 1, Int>::arange(0..n, &Default::default())
+        .float()
+        .reshape(shape)
+        .mul_scalar(scale)
+}
+
 /// The gradient of `Σ c ⊙ merge(embed(weight, ids), images)` for the embedding weight, as the
 /// first part of a VLM forward computes it, or `None` where the backward lost it.
 fn embedding_gradient(weight: &Tensor<B, 2>, images: &Tensor<B, 2>) -> Option<Vec<f32>> {
@@ -43,12 +52,7 @@ fn embedding_gradient(weight: &Tensor<B, 2>, images: &Tensor<B, 2>) -> Option<Ve
     );
     let text = embedding(weight.clone(), index);
     let merged = scatter_image_embeddings(text, &ids, &[IMAGE_TOKEN], images.clone()).unwrap();
-    let c = Tensor::<B, 3>::from_inner(
-        Tensor::<Inner, 1, Int>::arange(0..(LEN * HIDDEN) as i64, &device)
-            .float()
-            .reshape([1, LEN, HIDDEN])
-            .mul_scalar(1e-6),
-    );
+    let c = Tensor::<B, 3>::from_inner(ramp([1, LEN, HIDDEN], 1e-6));
     let grads = (merged * c).sum().backward();
     weight
         .grad(&grads)
@@ -58,13 +62,7 @@ fn embedding_gradient(weight: &Tensor<B, 2>, images: &Tensor<B, 2>) -> Option<Ve
 #[test]
 fn a_backward_on_another_thread_does_not_lose_an_embedding_gradient() {
     let device = Default::default();
-    let weight = Tensor::<B, 2>::from_inner(
-        Tensor::<Inner, 1, Int>::arange(0..(VOCAB * HIDDEN) as i64, &device)
-            .float()
-            .reshape([VOCAB, HIDDEN])
-            .mul_scalar(1e-4),
-    )
-    .require_grad();
+    let weight = Tensor::<B, 2>::from_inner(ramp([VOCAB, HIDDEN], 1e-4)).require_grad();
     let images = Tensor::<B, 2>::from_inner(Tensor::<Inner, 2>::ones([LEN / 2, HIDDEN], &device));
     // The first backward also makes `weight` a reused leaf, as after a first micro-batch.
     let want = embedding_gradient(&weight, &images).expect("no other thread yet");
