@@ -28,6 +28,26 @@ pub use backend::*;
 // Re-export cubecl.
 pub use cubecl;
 
+/// flowrl patch: device-to-host reads counted (flowrl's GPU proxy benchmark reads them; burn
+/// has no hook). vendor/README.md.
+pub mod host_reads {
+    use core::sync::atomic::{AtomicU64, Ordering};
+
+    static READS: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+
+    /// Records one read of `bytes` bytes.
+    pub(crate) fn record(bytes: usize) {
+        READS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Reads (tensor reads and transactions) and bytes read since the process started.
+    pub fn count() -> (u64, u64) {
+        (READS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed))
+    }
+}
+
 mod tune_key;
 pub use tune_key::CubeAutotuneKey;
 

@@ -40,6 +40,7 @@ pub(crate) async fn into_data<R: CubeRuntime>(
         .map_err(|err| ExecutionError::WithContext {
             reason: format!("{err}"),
         })?;
+    crate::host_reads::record(bytes.len()); // flowrl patch
 
     Ok(TensorData::from_bytes(
         bytes,

@@ -118,6 +118,8 @@ where
             .into_iter()
             .map(Some)
             .collect::<Vec<Option<_>>>();
+        // flowrl patch: one read of all the transaction's tensors.
+        crate::host_reads::record(data.iter().flatten().map(|b| b.len()).sum());
 
         let mut result = TransactionPrimitiveData::default();
 
