@@ -24,18 +24,22 @@ use burn::prelude::*;
 use crate::agg_loss::{GlobalBatchInfo, LossAggMode, agg_loss};
 use crate::error::{AlgoError, Result};
 
-/// max(z) over the vocabulary `[B, t, 1]`, as a constant of the graph: its values go through
-/// the host and come back as a leaf of their own (marked as requiring a gradient, which is
-/// computed and dropped: a `[B, t, 1]` reduction). With `z − z.detach().max_dim(2)`,
+/// max(z) over the vocabulary `[B, t, 1]`, as a constant of the graph: a leaf of its own,
+/// computed on the device from an untracked copy of the logits and marked as requiring a
+/// gradient (computed and dropped: a `[B, t, 1]` reduction). With `z − z.detach().max_dim(2)`,
 /// burn-autodiff's checkpointing cannot recompute the subtraction (one input is a detached,
 /// untracked value) and keeps its vocabulary-sized output for the backward; with a leaf it
 /// keeps only the leaf and recomputes the shift. Same values, so the same log-probs, entropies
 /// and gradients of everything else (tests/lm_head_constant_max.rs); on a backend without
-/// autodiff the mark does nothing.
+/// autodiff the mark does nothing. No host round trip: the LM-head loop never waits for the
+/// device.
 fn row_max<B: Backend>(logits: &Tensor<B, 3>) -> Tensor<B, 3> {
-    let dtype = logits.dtype();
-    let max = logits.clone().detach().max_dim(2).into_data();
-    Tensor::from_data(max, (&logits.device(), dtype)).require_grad()
+    logits
+        .clone()
+        .detach()
+        .set_require_grad(false)
+        .max_dim(2)
+        .require_grad()
 }
 
 /// z − max(z) (max a constant, [`row_max`]) and log Σ exp(z − max) `[B, t, 1]` of one
@@ -215,7 +219,8 @@ where
 /// Entropy and label log-probs `[B, T]` from hidden states `[B, T, H]`: `lm_head` maps a
 /// `[B, t, H]` chunk to logits `[B, t, V]`, which are divided by `temperature` (verl divides
 /// logits by the sampling temperature before these functions) and reduced at once, so only
-/// one chunk of logits exists at a time.
+/// one chunk of logits exists at a time. The labels are checked against the vocabulary once,
+/// on the host (one read of `[B, T]` integers).
 pub fn entropy_and_logprobs_from_hidden<B: Backend, F>(
     hidden: Tensor<B, 3>,
     labels: Tensor<B, 2, Int>,
@@ -231,9 +236,11 @@ where
     check_labels([b, t, 1], &labels)?;
     chunked(t, chunk, |start, len| {
         let logits = chunk_logits(&hidden, &lm_head, temperature, start, len)?;
-        let labels = labels.clone().narrow(1, start, len);
-        check_label_range(&labels, logits.dims()[2])?;
-        Ok(both(logits, labels))
+        if start == 0 {
+            // Once for every chunk: the vocabulary is known from the first.
+            check_label_range(&labels, logits.dims()[2])?;
+        }
+        Ok(both(logits, labels.clone().narrow(1, start, len)))
     })
 }
 

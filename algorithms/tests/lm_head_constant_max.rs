@@ -1,5 +1,5 @@
-//! The LM-head block's max shift as a graph constant (`entropy::row_max`: the row maxima go
-//! through the host and come back as a leaf) against the detached max it replaced
+//! The LM-head block's max shift as a graph constant (`entropy::row_max`: the row maxima are
+//! computed on the device from the detached logits and enter the graph as a leaf) against the detached max it replaced
 //! (`z − z.detach().max_dim(2)`, written out here), under the update's autodiff backend
 //! (`Autodiff<Flex, BalancedCheckpointing>`): the same entropies and log-probs (≤ 1e-6), the
 //! same gradients of the hidden states and of the LM-head weight (≤ 1e-5 relative), chunked
