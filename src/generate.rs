@@ -31,7 +31,9 @@ use flowrl_models::weights::Precision;
 use flowrl_nodes::backend::BackendKind;
 use flowrl_nodes::data_parallel::Replicas;
 use flowrl_nodes::model_resource::ModelResource;
-use flowrl_nodes::rollout::{RolloutParams, sample_rollouts_seeded, stop_token_ids};
+use flowrl_nodes::rollout::{
+    KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, sample_rollouts_seeded, stop_token_ids,
+};
 use flowrl_nodes::validate::context_length_of;
 use serde_json::{Value as Json, json};
 
@@ -418,6 +420,8 @@ fn generate(args: &GenerateArgs) -> Result<(), Failure> {
         top_k: decoding.top_k,
         greedy: decoding.greedy,
         stop: args.stop.clone(),
+        kv_cache_gib: KV_CACHE_GIB,
+        max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
     };
     params.sampling().validate()?;
     let stop_ids = stop_token_ids(&model, &params.stop)?;

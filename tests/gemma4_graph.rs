@@ -176,9 +176,14 @@ fn grpo_gemma4_runs_two_steps_with_consistent_log_probs() {
     // Before the first update the policy is the reference: the KL loss is 0 up to rounding.
     let kl0 = num(&m[0], "actor/kl_loss").abs();
     assert!(kl0 < 1e-4, "kl at step 1 = {kl0}");
-    // The warm start answers in the trained format: most of the 16 responses score the format part.
-    let format = num(&m[0], "critic/score/format/mean");
-    assert!(format >= 0.5, "format score {format}");
+    // The warm start answers in the trained format: most of the 32 sampled responses of the two
+    // steps score the format part (one step's 16 draws range over 0.44–0.88 across seeds).
+    let formats: Vec<f64> = m
+        .iter()
+        .map(|s| num(s, "critic/score/format/mean"))
+        .collect();
+    let format = formats.iter().sum::<f64>() / formats.len() as f64;
+    assert!(format >= 0.5, "format scores {formats:?}");
     // The checkpoint holds a Gemma 4 Hugging Face directory that loads again.
     let ckpt = run.join("checkpoints/step_000002/resources/policy/model");
     let config: Value =

@@ -49,12 +49,16 @@ use burn::prelude::*;
 use flowrl_algorithms::{
     ClipConfig, GlobalBatchInfo, LossAggMode, entropy_and_logprobs_from_hidden, policy_loss_vanilla,
 };
+use flowrl_models::Model;
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
-use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 use flowrl_nodes::train::checkpoint::{TrunkBackward, checkpointed_trunk};
 use flowrl_nodes::train::optim::{AdamW, AdamWConfig};
 use flowrl_nodes::train::sequences::chunked_loss_backward;
+
+#[path = "workload.rs"]
+mod workload;
+use workload::{Batch, PROMPT, batch, trunk_inputs};
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
 type Ad = flowrl_nodes::backend::CpuBackend;
@@ -121,90 +125,9 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Prompt length of the reduced comparison (shapes task prompt with one 224×224 image).
-const PROMPT: usize = 109;
 /// Response positions per LM-head block (`update.ppo`'s and `logprob`'s default `chunk`).
 fn chunk() -> usize {
     env("BENCH_CHUNK", 16)
-}
-
-/// A 224×224 image as the processor gives it: 16×16 patches, 64 image tokens.
-fn image(seed: usize) -> ProcessedImage {
-    let (gh, gw) = (16, 16);
-    let dim = 3 * 2 * 14 * 14;
-    let n = gh * gw;
-    let pixel_values = (0..n * dim)
-        .map(|i| (((i * 7919 + seed * 104729) % 1000) as f32 / 500.0) - 1.0)
-        .collect();
-    ProcessedImage {
-        pixel_values,
-        shape: vec![n, dim],
-        grid: vec![1, gh, gw],
-        num_tokens: n / 4,
-        patch_positions: None,
-        video: None,
-    }
-}
-
-/// The rows (prompt + response, no padding) and their response labels.
-struct Batch {
-    tokens: PaddedBatch,
-    images: Vec<ProcessedImage>,
-    /// Per image, the index of its first occurrence (rows of one prompt share its image).
-    image_first: Vec<usize>,
-    labels: Vec<i64>,
-    image_token: u32,
-    batch: usize,
-    new: usize,
-}
-
-/// `special` = (vision start, image, vision end) token ids; text ids are drawn from 1000..20000.
-/// Rows come in groups of `n` answering one prompt (same prompt tokens and image, different
-/// responses), as the rollout node lays them out.
-fn batch(batch: usize, n: usize, new: usize, special: [u32; 3]) -> Batch {
-    let images: Vec<ProcessedImage> = (0..batch).map(|b| image(b / n)).collect();
-    let image_first: Vec<usize> = (0..batch).map(|b| b / n * n).collect();
-    let mut rows = Vec::new();
-    let mut labels = Vec::new();
-    for (b, image) in images.iter().enumerate() {
-        let p = b / n;
-        let mut row: Vec<u32> = (0..8)
-            .map(|i| (1000 + (p * 31 + i * 17) % 1000) as u32)
-            .collect();
-        row.push(special[0]);
-        row.extend(std::iter::repeat_n(special[1], image.num_tokens));
-        row.push(special[2]);
-        let mut i = 0;
-        while row.len() < PROMPT {
-            row.push((1000 + (p * 131 + i * 71) % 19000) as u32);
-            i += 1;
-        }
-        while row.len() < PROMPT + new {
-            row.push((1000 + (b * 137 + i * 73) % 19000) as u32);
-            i += 1;
-        }
-        labels.extend(row[PROMPT..].iter().map(|&x| x as i64));
-        rows.push(row);
-    }
-    Batch {
-        tokens: PaddedBatch::left_pad(&rows, 0),
-        images,
-        image_first,
-        labels,
-        image_token: special[1],
-        batch,
-        new,
-    }
-}
-
-impl Batch {
-    fn labels<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
-        Tensor::<B, 1, Int>::from_data(
-            TensorData::new(self.labels.clone(), [self.labels.len()]),
-            device,
-        )
-        .reshape([self.batch, self.new])
-    }
 }
 
 /// The trunk forward: the final hidden states `[b, T, H]` that predict the response tokens and
@@ -215,6 +138,7 @@ fn trunk<B: Backend>(
     device: &B::Device,
 ) -> Result<(Tensor<B, 3>, Tensor<B, 2, Int>)> {
     let (ids, embeds, positions, mask) = trunk_inputs(model, x, device)?;
+    mem("  input embeddings (vision tower)");
     let hidden = model
         .causal_lm()
         .forward_hidden(ids, embeds, positions, mask, None);
@@ -231,35 +155,13 @@ fn checkpointed(
     device: &burn::tensor::Device<Ad>,
 ) -> Result<(Tensor<Ad, 3>, Tensor<Ad, 2, Int>, TrunkBackward<Ad>)> {
     let (ids, embeds, positions, mask) = trunk_inputs(model, x, device)?;
+    mem("  input embeddings (vision tower)");
     let (hidden, backward) = checkpointed_trunk(model, model, ids, embeds, positions, mask);
     mem("  decoder layers (checkpointed)");
     Ok((
         hidden.narrow(1, PROMPT - 1, x.new),
         x.labels(device),
         backward,
-    ))
-}
-
-/// Token ids, input embeddings (the vision tower), position ids and the attention mask.
-#[allow(clippy::type_complexity)]
-fn trunk_inputs<B: Backend>(
-    model: &Model<B>,
-    x: &Batch,
-    device: &B::Device,
-) -> Result<(
-    Tensor<B, 2, Int>,
-    Tensor<B, 3>,
-    Tensor<B, 3, Int>,
-    Tensor<B, 2, Int>,
-)> {
-    let embeds = model.input_embeddings_shared(&x.tokens, &x.images, &x.image_first, device)?;
-    mem("  input embeddings (vision tower)");
-    let positions = model.position_ids(&x.tokens, &x.images)?;
-    Ok((
-        x.tokens.ids_tensor::<B>(device),
-        embeds,
-        positions.tensor::<B>(device),
-        x.tokens.mask_tensor::<B>(device),
     ))
 }
 
@@ -426,7 +328,6 @@ fn measured_rollout(
     new: usize,
     device: &FlexDevice,
 ) -> Result<[f64; 3]> {
-    use rand::SeedableRng;
     let prompts: Vec<Vec<u32>> = (0..x.batch)
         .map(|b| x.tokens.ids[b * x.tokens.len..(b + 1) * x.tokens.len][..PROMPT].to_vec())
         .collect();
@@ -438,18 +339,13 @@ fn measured_rollout(
             images: std::slice::from_ref(image),
         })
         .collect();
-    let mut rngs: Vec<rand::rngs::StdRng> = (0..x.batch as u64)
-        .map(rand::rngs::StdRng::seed_from_u64)
-        .collect();
+    let seeds: Vec<u64> = (0..x.batch as u64).collect();
     let config = GenerationConfig {
-        max_new_tokens: new,
-        sampling: SamplingConfig::default(),
-        stop_token_ids: Vec::new(),
-        pad_token_id: 0,
         suppress_token_ids: vec![x.image_token],
+        ..GenerationConfig::new(new, SamplingConfig::default())
     };
     let t0 = Instant::now();
-    let out = generate(&ModelParts::of(model), &inputs, &config, &mut rngs, device)?;
+    let out = generate(&ModelParts::of(model), &inputs, &config, &seeds, device)?;
     let tokens: usize = out.tokens.iter().map(Vec::len).sum();
     eprintln!("rollout: {tokens} tokens generated");
     Ok([t0.elapsed().as_secs_f64(), 0.0, 0.0])

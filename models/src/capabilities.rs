@@ -145,6 +145,13 @@ impl PaddedBatch {
     /// Left-pads `rows` with `pad_id` to the longest row.
     pub fn left_pad(rows: &[Vec<u32>], pad_id: u32) -> Self {
         let len = rows.iter().map(Vec::len).max().unwrap_or(0);
+        Self::left_pad_to(rows, pad_id, len)
+    }
+
+    /// Left-pads `rows` with `pad_id` to `len` tokens (at least the longest row's length).
+    pub fn left_pad_to(rows: &[Vec<u32>], pad_id: u32, len: usize) -> Self {
+        let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
+        assert!(longest <= len, "a row of {longest} tokens padded to {len}");
         let mut ids = Vec::with_capacity(rows.len() * len);
         let mut attention_mask = Vec::with_capacity(rows.len() * len);
         for row in rows {
@@ -322,6 +329,27 @@ impl<B: Backend> KvCache<B> {
         self.len() == 0
     }
 
+    /// The caches of several batches of one length, one after the other along the batch.
+    pub fn concat(mut caches: Vec<KvCache<B>>) -> Self {
+        if caches.len() == 1 {
+            return caches.remove(0);
+        }
+        let layers = caches.first().map_or(0, |c| c.layers.len());
+        let mut out = KvCache::new(layers);
+        for (i, slot) in out.layers.iter_mut().enumerate() {
+            let parts: Vec<(Tensor<B, 4>, Tensor<B, 4>)> = caches
+                .iter_mut()
+                .filter_map(|c| c.layers[i].take())
+                .collect();
+            if parts.is_empty() {
+                continue;
+            }
+            let (ks, vs): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+            *slot = Some((Tensor::cat(ks, 0), Tensor::cat(vs, 0)));
+        }
+        out
+    }
+
     /// Keeps only the given batch rows (e.g. to drop finished sequences).
     pub fn select_rows(&mut self, rows: &[usize]) {
         for (k, v) in self.layers.iter_mut().flatten() {
@@ -404,6 +432,10 @@ pub trait CausalLm<B: Backend> {
 
     /// An empty KV cache sized for this model.
     fn new_cache(&self) -> KvCache<B>;
+
+    /// Bytes of KV cache one token takes: over the layers that store keys and values, 2 ×
+    /// kv heads × head width × the weights' element size (the cache is in the compute dtype).
+    fn kv_cache_bytes_per_token(&self) -> usize;
 
     fn vocab_size(&self) -> usize;
     /// Token ids that end a generation.

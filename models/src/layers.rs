@@ -12,6 +12,7 @@ use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::activation::{sigmoid, softmax};
 
+pub use crate::kernels::attention::MaskRule;
 use crate::lora::Lora;
 use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
@@ -143,15 +144,15 @@ impl<B: Backend> Attention<B> {
     }
 
     /// `x` `[b, l, hidden]`; `rope_q`/`rope_k` for `[b, l, heads, head_dim]` and
-    /// `[b, l, kv_heads, head_dim]`; bias `[b, kv_heads, group·l, past + l]`
-    /// ([`grouped_attention_bias`]). The norms and RoPE act in the projections' contiguous
-    /// `[b, l, heads, head_dim]` layout, before the heads are moved forward.
+    /// `[b, l, kv_heads, head_dim]`; `mask` over the `past + l` keys. The norms and RoPE act in
+    /// the projections' contiguous `[b, l, heads, head_dim]` layout, before the heads are moved
+    /// forward.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         rope_q: &Rotary<B>,
         rope_k: &Rotary<B>,
-        bias: Tensor<B, 4>,
+        mask: &AttentionMask<B>,
         cache: Option<&mut Option<(Tensor<B, 4>, Tensor<B, 4>)>>,
     ) -> Tensor<B, 3> {
         let [b, l, _] = x.dims();
@@ -176,11 +177,10 @@ impl<B: Backend> Attention<B> {
             .reshape([b, l, kvh, d])
             .swap_dims(1, 2);
         if let Some(slot) = cache {
-            // Every key the queries attend to: cached + new (the bias covers them all).
-            let total = bias.dims()[3];
-            (k, v) = append_kv(slot, k, v, total);
+            // Every key the queries attend to: cached + new (the mask covers them all).
+            (k, v) = append_kv(slot, k, v, mask.keys());
         }
-        let out = grouped_query_attention(q, k, v, bias, 1.0 / (d as f64).sqrt());
+        let out = grouped_query_attention(q, k, v, mask, 1.0 / (d as f64).sqrt());
         self.o_proj
             .forward(out.swap_dims(1, 2).reshape([b, l, h * d]))
     }
@@ -331,7 +331,9 @@ fn flex_write_positions(
     }
 }
 
-/// RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last dimension (computed in f32).
+/// RMSNorm: `w · x / sqrt(mean(x²) + eps)` over the last dimension, computed in f32 and
+/// rounded once to x's dtype (transformers' `Qwen2RMSNorm` computes the variance in f32). One
+/// kernel on the GPU backends ([`crate::kernels::norm`]).
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
     pub weight: Param<Tensor<B, 1>>,
@@ -354,15 +356,38 @@ impl<B: Backend> RmsNorm<B> {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        rms_normalize(x, self.eps) * self.weight.val().unsqueeze::<D>()
+        let weight = self.weight.val();
+        if let Some(y) = crate::kernels::norm::rms_norm(&x, Some(&weight), self.eps) {
+            return y;
+        }
+        let dtype = x.dtype();
+        cast_to(
+            f32_normalize(x, self.eps) * cast_to(weight, DType::F32).unsqueeze::<D>(),
+            dtype,
+        )
     }
 }
 
-/// RMSNorm without weight: `x / sqrt(mean(x²) + eps)` over the last dimension (Gemma 4's
+/// RMSNorm without weight: `x / sqrt(mean(x²) + eps)` over the last dimension, in f32 (Gemma 4's
 /// `v_norm` and vision-projector pre-norm, `with_scale=False`).
 pub fn rms_normalize<const D: usize, B: Backend>(x: Tensor<B, D>, eps: f64) -> Tensor<B, D> {
+    if let Some(y) = crate::kernels::norm::rms_norm(&x, None, eps) {
+        return y;
+    }
+    let dtype = x.dtype();
+    cast_to(f32_normalize(x, eps), dtype)
+}
+
+/// `x / sqrt(mean(x²) + eps)` of x in f32.
+fn f32_normalize<const D: usize, B: Backend>(x: Tensor<B, D>, eps: f64) -> Tensor<B, D> {
+    let x = cast_to(x, DType::F32);
     let var = x.clone().powi_scalar(2).mean_dim(D - 1);
     x * (var + eps).sqrt().recip()
+}
+
+/// `x` in `dtype`: the tensor itself when it already is (no cast op, no autodiff node).
+pub fn cast_to<const D: usize, B: Backend>(x: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if x.dtype() == dtype { x } else { x.cast(dtype) }
 }
 
 /// LayerNorm: `w · (x − mean) / sqrt(var + eps) + b` with the biased variance.
@@ -445,9 +470,15 @@ impl<B: Backend> SwiGluMlp<B> {
         }
     }
 
+    /// On the GPU backends the gate is one kernel ([`crate::kernels::elementwise::swiglu`]).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let g = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(g * self.up_proj.forward(x))
+        let gate = self.gate_proj.forward(x.clone());
+        let up = self.up_proj.forward(x);
+        let g = match crate::kernels::elementwise::swiglu(&gate, &up) {
+            Some(g) => g,
+            None => silu(gate) * up,
+        };
+        self.down_proj.forward(g)
     }
 }
 
@@ -471,28 +502,35 @@ pub fn apply_rotary<const D: usize, B: Backend>(
     x.clone() * cos.cast(dtype) + rotate_half(x) * sin.cast(dtype)
 }
 
-/// Rotate-half RoPE with its cos/sin tables laid out once, contiguous, in the layout of the
-/// tensors it rotates (`[.., heads, head_dim]`, the layout a projection's output has before the
-/// heads are moved forward), so that every layer's rotation is two same-shape products and a
-/// sum, with no broadcast over the heads.
-///
-/// Same values as [`apply_rotary`]: `x·cos + rotate_half(x)·sin`, where
+/// Rotate-half RoPE with its cos/sin tables in the compute dtype, cast once per forward (not
+/// per layer): `x·cos + rotate_half(x)·sin`, where
 /// `rotate_half(x)·sin = [−x₂·sin₁, x₁·sin₂] = swap_halves(x)·[−sin₁, sin₂]` (the sign moves
-/// from x onto the table; `(−a)·b = a·(−b)` exactly in IEEE arithmetic). Why: on the Flex CPU
-/// backend an elementwise product of a permuted view with a broadcast table walks a scalar
-/// strided iterator, about an order of magnitude slower than the contiguous path, in the
-/// forward and again in the backward.
+/// from x onto the table; `(−a)·b = a·(−b)` exactly in IEEE arithmetic). Same values as
+/// [`apply_rotary`].
+///
+/// On the GPU backends one kernel per rotation ([`crate::kernels::elementwise::rotate_half`]),
+/// reading the `[a, c, d]` tables for every head. Elsewhere the tables are laid out once,
+/// contiguous, in the layout of the tensors they rotate (`[.., heads, head_dim]`, the layout a
+/// projection's output has before the heads are moved forward), so that every layer's
+/// rotation is two same-shape products and a sum: on the Flex CPU backend an elementwise
+/// product of a permuted view with a broadcast table walks a scalar strided iterator, about an
+/// order of magnitude slower than the contiguous path, in the forward and again in the
+/// backward.
 #[derive(Debug, Clone)]
 pub struct Rotary<B: Backend> {
-    cos: Tensor<B, 4>,
-    /// `[−sin(angle), sin(angle)]` over the two halves of the head dimension.
-    sin_signed: Tensor<B, 4>,
+    /// `[a, c, head_dim]`.
+    cos: Tensor<B, 3>,
+    /// `[−sin(angle), sin(angle)]` over the two halves of the head dimension, `[a, c, head_dim]`.
+    sin_signed: Tensor<B, 3>,
+    heads: usize,
+    /// The composite's tables `[a, c, heads, head_dim]`, built on first use.
+    laid_out: std::cell::OnceCell<(Tensor<B, 4>, Tensor<B, 4>)>,
 }
 
 impl<B: Backend> Rotary<B> {
-    /// Tables `[a, c, heads, head_dim]` from cos/sin `[a, c, head_dim]` (as [`rope_tables`]
+    /// Tables for `heads` heads in `dtype` from cos/sin `[a, c, head_dim]` (as [`rope_tables`]
     /// returns them: `a` = batch, `c` = length; or `a` = 1, `c` = patches).
-    pub fn new(cos: Tensor<B, 3>, sin: Tensor<B, 3>, heads: usize) -> Self {
+    pub fn new(cos: Tensor<B, 3>, sin: Tensor<B, 3>, heads: usize, dtype: DType) -> Self {
         let d = sin.dims()[2];
         let half = d / 2;
         let sin_signed = Tensor::cat(
@@ -502,16 +540,23 @@ impl<B: Backend> Rotary<B> {
             ],
             2,
         );
-        let lay = |t: Tensor<B, 3>| t.unsqueeze_dim::<4>(2).repeat_dim(2, heads);
         Self {
-            cos: lay(cos),
-            sin_signed: lay(sin_signed),
+            cos: cast_to(cos, dtype),
+            sin_signed: cast_to(sin_signed, dtype),
+            heads,
+            laid_out: std::cell::OnceCell::new(),
         }
     }
 
-    /// Rotates `x` `[a, c, heads, head_dim]` (cast to x's dtype).
+    /// Rotates `x` `[a, c, heads, head_dim]` (in the tables' dtype).
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let dtype = x.dtype();
+        if let Some(y) = crate::kernels::elementwise::rotate_half(&x, &self.cos, &self.sin_signed) {
+            return y;
+        }
+        let (cos, sin_signed) = self.laid_out.get_or_init(|| {
+            let lay = |t: &Tensor<B, 3>| t.clone().unsqueeze_dim::<4>(2).repeat_dim(2, self.heads);
+            (lay(&self.cos), lay(&self.sin_signed))
+        });
         let d = x.dims()[3];
         let half = d / 2;
         let swapped = Tensor::cat(
@@ -521,7 +566,7 @@ impl<B: Backend> Rotary<B> {
             ],
             3,
         );
-        x * self.cos.clone().cast(dtype) + swapped * self.sin_signed.clone().cast(dtype)
+        x * cos.clone() + swapped * sin_signed.clone()
     }
 }
 
@@ -637,10 +682,62 @@ pub fn attention<B: Backend>(
     softmax(scores, 3).cast(dtype).matmul(v)
 }
 
+/// Which keys the queries of one forward pass attend to, shared by its layers: per key its
+/// segment (`[batch, keys]`: 0 at padding, 1, 2, … at the real tokens of the sequences a row
+/// packs; the attention mask of [`crate::capabilities::CausalLm::forward_hidden`]), the last
+/// `queries` keys being the queries' own, causally and with an optional sliding window. The flash
+/// kernels ([`crate::kernels::attention`]) read the segments; the composite path's additive bias
+/// ([`causal_padding_window_bias`], laid out per kv head by [`grouped_attention_bias`]) is
+/// built on its first use and kept for the other layers.
+pub struct AttentionMask<B: Backend> {
+    segments: Tensor<B, 2, Int>,
+    queries: usize,
+    rule: MaskRule,
+    grouped_bias: std::cell::OnceCell<Tensor<B, 4>>,
+}
+
+impl<B: Backend> AttentionMask<B> {
+    /// Causal attention of the last `queries` of the keys `segments` covers, within `window`
+    /// keys when given.
+    pub fn causal(segments: Tensor<B, 2, Int>, queries: usize, window: Option<usize>) -> Self {
+        Self {
+            segments,
+            queries,
+            rule: MaskRule {
+                causal: true,
+                window,
+            },
+            grouped_bias: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Number of keys.
+    pub fn keys(&self) -> usize {
+        self.segments.dims()[1]
+    }
+
+    /// The bias `[b, kv_heads, group·L, T]` of the composite path (built once).
+    fn grouped_bias(&self, kv_heads: usize, group: usize) -> Tensor<B, 4> {
+        self.grouped_bias
+            .get_or_init(|| {
+                grouped_attention_bias(
+                    causal_padding_window_bias(
+                        self.segments.clone(),
+                        self.queries,
+                        self.rule.window,
+                    ),
+                    kv_heads,
+                    group,
+                )
+            })
+            .clone()
+    }
+}
+
 /// The attention bias `[b, 1, L, T]` (shared by the heads) laid out for
-/// [`grouped_query_attention`]: `[b, kv_heads, group·L, T]`, contiguous, the `group` query heads
-/// of each kv head stacked along the query axis. Built once per forward, not per layer, so the
-/// score + bias sum is a same-shape contiguous add.
+/// [`grouped_query_attention`]'s composite path: `[b, kv_heads, group·L, T]`, contiguous, the
+/// `group` query heads of each kv head stacked along the query axis, so the score + bias sum is
+/// a same-shape contiguous add.
 pub fn grouped_attention_bias<B: Backend>(
     bias: Tensor<B, 4>,
     kv_heads: usize,
@@ -650,20 +747,35 @@ pub fn grouped_attention_bias<B: Backend>(
 }
 
 /// Grouped-query attention without copying keys and values per query head: q
-/// `[b, heads, L, d]`, k, v `[b, kv_heads, T, d]`, bias `[b, kv_heads, group·L, T]` from
-/// [`grouped_attention_bias`]. Query head j uses kv head `j / group` (HF `repeat_kv`
-/// semantics): the `group` query heads of one kv head are stacked along the query axis,
-/// `[b, kv_heads, group·L, d]`, and attend to that kv head at once.
+/// `[b, heads, L, d]`, k, v `[b, kv_heads, T, d]`, `mask` over the T keys. Query head j uses kv
+/// head `j / group` (HF `repeat_kv` semantics). On the GPU backends one flash kernel that never
+/// materialises the `[L, T]` scores ([`crate::kernels::attention`]); elsewhere the composite
+/// [`attention`] with the `group` query heads of one kv head stacked along the query axis,
+/// `[b, kv_heads, group·L, d]`, attending to that kv head at once.
 pub fn grouped_query_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-    bias: Tensor<B, 4>,
+    mask: &AttentionMask<B>,
     scale: f64,
 ) -> Tensor<B, 4> {
+    if crate::kernels::attention::available::<B>()
+        && let Some(out) = crate::kernels::attention::flash_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            &mask.segments,
+            mask.rule,
+            scale,
+        )
+    {
+        return out;
+    }
     let [b, heads, l, d] = q.dims();
     let kv_heads = k.dims()[1];
-    let q = q.reshape([b, kv_heads, heads / kv_heads * l, d]);
+    let group = heads / kv_heads;
+    let q = q.reshape([b, kv_heads, group * l, d]);
+    let bias = mask.grouped_bias(kv_heads, group);
     attention(q, k, v, Some(bias), scale).reshape([b, heads, l, d])
 }
 

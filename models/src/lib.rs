@@ -23,6 +23,7 @@ pub mod family;
 pub mod gemma4;
 pub mod generate;
 pub mod image;
+pub mod kernels;
 pub mod layers;
 pub mod lora;
 pub mod model;

@@ -1,23 +1,27 @@
 //! Choosing the next token from one row of logits: greedy, or temperature + top-k + top-p sampling.
 //!
-//! The processing order is Hugging Face's `LogitsProcessor` order (and vLLM's): divide by the
-//! temperature, keep the `top_k` largest, then keep the smallest set of most likely tokens whose
-//! probability mass reaches `top_p` (HF `TopPLogitsWarper`: the token that crosses the threshold
-//! is kept), renormalise, draw one uniform number and invert the cumulative distribution (over
-//! the candidates sorted by decreasing probability; without top-k/top-p, over the vocabulary in
-//! token-id order, which needs no sort: the same distribution).
+//! The rule, the same on the host ([`sample`]) and on a GPU ([`crate::kernels::sampling`]):
+//! with `y = x · (1/T)` (f32; greedy decoding uses T = 1), `w = exp(y − max y)`,
+//! 1. top-k keeps the tokens whose `y` is at least the k-th largest (ties with it kept, as
+//!    Hugging Face's `TopKLogitsWarper`, which masks only values *below* the k-th);
+//! 2. top-p then keeps, among those, the tokens whose `y` is at least the largest value τ for
+//!    which the tokens at or above τ hold `top_p` of the kept weight (the token that crosses
+//!    the mass is kept, as `TopPLogitsWarper`; so are its ties);
+//! 3. one uniform `u` in [0, 1) picks, in token-id order, the first kept token whose cumulative
+//!    weight exceeds `u · Σ kept w` (inverting the cumulative distribution in id order draws
+//!    from the same distribution as the sorted order, without sorting the vocabulary).
+//!
+//! The uniform is counter-based ([`uniform`]): a hash of the row's seed and the token's position
+//! in the response, so a row's draws depend on its seed only, not on the batch it is generated
+//! in, the order rows run in, or the device; 24 bits, exact in f32 and f64 alike.
 //!
 //! The returned log-prob is `log_softmax(logits / temperature)[token]` over the **whole**
 //! vocabulary, i.e. the quantity verl's actor recomputes as the old log-prob (`logits.div_(temperature)`
 //! then `logprobs_from_logits`, without the top-k/top-p truncation), so that the sampling log-probs
-//! and a recomputed old log-prob agree. Greedy decoding uses temperature 1.
-//!
-//! Determinism: the only randomness is one `f64` uniform drawn from the caller's RNG per sampled
-//! token (none for greedy); ties are broken by the lower token id. Works on host `f32` slices; the
-//! model code moves one `[batch, vocab]` row block to the host per decoding step.
+//! and a recomputed old log-prob agree. Greedy decoding takes the argmax (the lowest id among
+//! ties) and reports its log-prob at temperature 1.
 
 use anyhow::{Result, bail, ensure};
-use rand::Rng;
 
 /// How to pick the next token.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +71,52 @@ impl SamplingConfig {
         );
         Ok(())
     }
+
+    /// `1/T` as the rule applies it (1 for greedy decoding).
+    pub fn inverse_temperature(&self) -> f32 {
+        if self.greedy {
+            1.0
+        } else {
+            1.0 / self.temperature
+        }
+    }
+}
+
+/// Wellons' `lowbias32` integer hash (a bijection of u32 with near-ideal avalanche).
+fn mix(x: u32) -> u32 {
+    let mut h = x;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h = h.wrapping_mul(0x846c_a68b);
+    h ^= h >> 16;
+    h
+}
+
+/// The uniform in [0, 1) that token `position` of the row with seed `seed` draws:
+/// `mix(lo ⊕ mix(hi ⊕ mix(position ⊕ 0x9e3779b9))) >> 8`, over 2²⁴ (`lo`, `hi` the seed's
+/// halves). The device kernel computes the same bits.
+pub fn uniform(seed: u64, position: usize) -> f64 {
+    let (lo, hi) = (seed as u32, (seed >> 32) as u32);
+    let h = mix(lo ^ mix(hi ^ mix(position as u32 ^ 0x9e37_79b9)));
+    (h >> 8) as f64 / 16_777_216.0
+}
+
+/// What the device kernel writes in place of a token id when the row's logits hold NaN.
+pub(crate) const ERROR_NAN: f32 = -1.0;
+/// ... when every token is masked (all logits −∞ or suppressed).
+pub(crate) const ERROR_ALL_MASKED: f32 = -2.0;
+
+/// The token a device-sampled id stands for, or the error it codes.
+pub fn device_error(id: f32) -> Result<u32> {
+    if id == ERROR_NAN {
+        bail!("the logits hold NaN: the model produced non-finite values");
+    }
+    if id == ERROR_ALL_MASKED {
+        bail!("every token has probability 0 (all logits are -inf)");
+    }
+    ensure!(id >= 0.0, "the device sampler returned {id}");
+    Ok(id as u32)
 }
 
 /// One chosen token and its log-prob (see the module doc for which distribution).
@@ -76,95 +126,84 @@ pub struct Sampled {
     pub log_prob: f32,
 }
 
-/// Picks the next token from `logits` (one row, `vocab` values).
+/// Picks the next token from `logits` (one row, `vocab` values) with the uniform `u` (see the
+/// module doc; `u` is ignored by greedy decoding).
 ///
 /// Errors on an empty row or a NaN logit (a diverged model must stop the run, not sample garbage).
-pub fn sample<R: Rng + ?Sized>(
-    logits: &[f32],
-    config: &SamplingConfig,
-    rng: &mut R,
-) -> Result<Sampled> {
+pub fn sample(logits: &[f32], config: &SamplingConfig, u: f64) -> Result<Sampled> {
     ensure!(!logits.is_empty(), "cannot sample from an empty logits row");
-    let mut max = f32::NEG_INFINITY;
-    let mut nan = false;
-    for &x in logits {
-        nan |= x.is_nan();
-        max = max.max(x);
-    }
-    if nan {
+    if logits.iter().any(|x| x.is_nan()) {
         bail!("the logits hold NaN: the model produced non-finite values");
     }
+    let inv_t = config.inverse_temperature();
+    let scaled: Vec<f32> = logits.iter().map(|&x| x * inv_t).collect();
+    let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     ensure!(
         max > f32::NEG_INFINITY,
         "every token has probability 0 (all logits are -inf)"
     );
-    if config.greedy {
-        let token = argmax(logits);
-        let lse = max as f64 + shifted_mass(logits, max).ln();
-        return Ok(Sampled {
-            token: token as u32,
-            log_prob: (logits[token] as f64 - lse) as f32,
-        });
-    }
-    let temperature = config.temperature as f64;
-    let untruncated = (config.top_k == 0 || config.top_k >= logits.len()) && config.top_p >= 1.0;
-    if untruncated {
-        return Ok(draw_untruncated(logits, max, temperature, rng));
-    }
-    let scaled: Vec<f64> = logits.iter().map(|&x| x as f64 / temperature).collect();
-    let lse = log_sum_exp(&scaled);
-    let token = draw(&scaled, config, rng);
+    let weights: Vec<f32> = scaled.iter().map(|&y| (y - max).exp()).collect();
+    let total: f64 = weights.iter().map(|&w| w as f64).sum();
+    let token = if config.greedy {
+        argmax(&scaled)
+    } else {
+        let keep = threshold(&scaled, &weights, config);
+        draw(&scaled, &weights, keep, u)
+    };
     Ok(Sampled {
         token: token as u32,
-        log_prob: (scaled[token] - lse) as f32,
+        log_prob: ((scaled[token] - max) as f64 - total.ln()) as f32,
     })
 }
 
-/// `Σ exp(x − max)`: the softmax's normaliser at temperature 1 (greedy decoding's log-prob),
-/// shifted by the row's maximum (each term ≤ 1). Terms in f32 (one `expf` per logit), summed in f64.
-fn shifted_mass(logits: &[f32], max: f32) -> f64 {
-    logits.iter().map(|&x| (x - max).exp() as f64).sum()
-}
-
-/// Plain sampling from `softmax(logits / temperature)` (no top-k, no top-p): one pass for the
-/// weights `w_i = exp((x_i − max) / T)`, one uniform `u` scaled by `Σ w`, and the first token id
-/// whose cumulative weight exceeds it. Inverting the cumulative distribution in token-id order
-/// draws from the same distribution as the sorted order of [`draw`] without sorting the
-/// vocabulary (which took a quarter of the rollout at a 32k vocabulary).
-/// `log p = (x − max) / T − ln Σ w`.
-fn draw_untruncated<R: Rng + ?Sized>(
-    logits: &[f32],
-    max: f32,
-    temperature: f64,
-    rng: &mut R,
-) -> Sampled {
-    let inv = (1.0 / temperature) as f32;
-    let weights: Vec<f32> = logits.iter().map(|&x| ((x - max) * inv).exp()).collect();
-    let total: f64 = weights.iter().map(|&w| w as f64).sum();
-    let u = rng.random::<f64>() * total;
-    let mut cum = 0.0;
-    // Fallback for rounding at the very end of the cumulative sum: the last token with weight.
-    let mut token = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
-    for (i, &w) in weights.iter().enumerate() {
-        cum += w as f64;
-        if u < cum {
-            token = i;
-            break;
+/// The smallest scaled logit a token may have to be kept by top-k and top-p (−∞: all).
+pub fn threshold(scaled: &[f32], weights: &[f32], config: &SamplingConfig) -> f32 {
+    let mut keep = f32::NEG_INFINITY;
+    let finite: Vec<usize> = (0..scaled.len())
+        .filter(|&i| scaled[i] > f32::NEG_INFINITY)
+        .collect();
+    if config.top_k > 0 && config.top_k < finite.len() {
+        let mut values: Vec<f32> = finite.iter().map(|&i| scaled[i]).collect();
+        let k = config.top_k;
+        values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        keep = values[k - 1];
+    }
+    if config.top_p < 1.0 {
+        let mut kept: Vec<usize> = finite.into_iter().filter(|&i| scaled[i] >= keep).collect();
+        kept.sort_unstable_by(|&a, &b| scaled[b].total_cmp(&scaled[a]));
+        let mass: f64 = kept.iter().map(|&i| weights[i] as f64).sum();
+        let target = mass * config.top_p as f64;
+        let mut cum = 0.0;
+        for &i in &kept {
+            cum += weights[i] as f64;
+            if cum >= target {
+                keep = scaled[i];
+                break;
+            }
         }
     }
-    Sampled {
-        token: token as u32,
-        log_prob: ((logits[token] - max) as f64 / temperature - total.ln()) as f32,
-    }
+    keep
 }
 
-/// `log Σ exp(x)`, stable (max subtracted).
-fn log_sum_exp(x: &[f64]) -> f64 {
-    let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    if max == f64::NEG_INFINITY {
-        return f64::NEG_INFINITY;
+/// The first token in id order whose cumulative kept weight exceeds `u · Σ kept`.
+fn draw(scaled: &[f32], weights: &[f32], keep: f32, u: f64) -> usize {
+    let kept = |i: usize| scaled[i] >= keep && scaled[i] > f32::NEG_INFINITY;
+    let mass: f64 = (0..scaled.len())
+        .filter(|&i| kept(i))
+        .map(|i| weights[i] as f64)
+        .sum();
+    let target = u * mass;
+    let mut cum = 0.0;
+    let mut last = 0;
+    for i in (0..scaled.len()).filter(|&i| kept(i)) {
+        last = i;
+        cum += weights[i] as f64;
+        if target < cum {
+            return i;
+        }
     }
-    max + x.iter().map(|&v| (v - max).exp()).sum::<f64>().ln()
+    // Rounding at the very end of the cumulative sum: the last kept token.
+    last
 }
 
 /// Index of the largest value, the lowest index among ties.
@@ -178,73 +217,49 @@ fn argmax(x: &[f32]) -> usize {
     best
 }
 
-/// Temperature-scaled logits → top-k → top-p → one draw.
-fn draw<R: Rng + ?Sized>(scaled: &[f64], config: &SamplingConfig, rng: &mut R) -> usize {
-    let vocab = scaled.len();
-    // Candidates sorted by decreasing logit, ties by increasing id (deterministic).
-    let mut order: Vec<usize> = (0..vocab).collect();
-    let by_logit = |a: &usize, b: &usize| scaled[*b].total_cmp(&scaled[*a]).then(a.cmp(b));
-    let k = if config.top_k == 0 || config.top_k >= vocab {
-        vocab
-    } else {
-        config.top_k
-    };
-    if k < vocab {
-        order.select_nth_unstable_by(k - 1, by_logit);
-        order.truncate(k);
-    }
-    order.sort_unstable_by(by_logit);
-
-    // Probabilities over the candidates (renormalised).
-    let max = scaled[order[0]];
-    let mut probs: Vec<f64> = order.iter().map(|&i| (scaled[i] - max).exp()).collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
-
-    // Nucleus: the smallest prefix whose mass reaches top_p (HF keeps the crossing token).
-    let mut keep = probs.len();
-    if config.top_p < 1.0 {
-        let mut cum = 0.0;
-        for (i, p) in probs.iter().enumerate() {
-            cum += p;
-            if cum >= config.top_p as f64 {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
-    let mass: f64 = probs[..keep].iter().sum();
-    let u: f64 = rng.random::<f64>() * mass;
-    let mut cum = 0.0;
-    for i in 0..keep {
-        cum += probs[i];
-        if u < cum {
-            return order[i];
-        }
-    }
-    order[keep - 1]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
 
+    /// Token counts of `draws` draws of one row (seed 3, positions 0..draws).
     fn counts(logits: &[f32], config: &SamplingConfig, draws: usize) -> Vec<usize> {
-        let mut rng = StdRng::seed_from_u64(3);
         let mut c = vec![0; logits.len()];
-        for _ in 0..draws {
-            c[sample(logits, config, &mut rng).unwrap().token as usize] += 1;
+        for position in 0..draws {
+            c[sample(logits, config, uniform(3, position)).unwrap().token as usize] += 1;
         }
         c
+    }
+
+    fn log_sum_exp(x: &[f64]) -> f64 {
+        let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        max + x.iter().map(|&v| (v - max).exp()).sum::<f64>().ln()
+    }
+
+    #[test]
+    fn uniforms_are_uniform_and_keyed_by_seed_and_position() {
+        let n = 100_000;
+        let u: Vec<f64> = (0..n).map(|p| uniform(0x1234_5678_9abc_def0, p)).collect();
+        assert!(u.iter().all(|&x| (0.0..1.0).contains(&x)));
+        // Ten bins, chi-square with 9 degrees of freedom (critical value 33.7 at p = 1e-4).
+        let mut bins = [0usize; 10];
+        for &x in &u {
+            bins[(x * 10.0) as usize] += 1;
+        }
+        let e = n as f64 / 10.0;
+        let chi: f64 = bins.iter().map(|&o| (o as f64 - e).powi(2) / e).sum();
+        assert!(chi < 33.7, "{bins:?}: chi-square {chi}");
+        // Both seed halves and the position matter; the same key gives the same bits.
+        assert_ne!(uniform(1, 0), uniform(1 << 32, 0));
+        assert_ne!(uniform(1, 0), uniform(1, 1));
+        assert_eq!(uniform(77, 5), uniform(77, 5));
+        // Exactly representable in f32: the device computes the same value.
+        assert!(u.iter().all(|&x| x as f32 as f64 == x));
     }
 
     #[test]
     fn greedy_takes_the_argmax_and_its_log_softmax() {
         let logits = [0.5f32, 2.0, 2.0, -1.0];
-        let mut rng = StdRng::seed_from_u64(0);
-        let s = sample(&logits, &SamplingConfig::greedy(), &mut rng).unwrap();
+        let s = sample(&logits, &SamplingConfig::greedy(), 0.9).unwrap();
         assert_eq!(s.token, 1, "ties go to the lower id");
         let lse = logits.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
         assert!((s.log_prob as f64 - (2.0 - lse)).abs() < 1e-6);
@@ -276,10 +291,9 @@ mod tests {
             top_p: 0.9,
             greedy: false,
         };
-        let mut rng = StdRng::seed_from_u64(1);
-        let s = sample(&logits, &config, &mut rng).unwrap();
+        let s = sample(&logits, &config, 0.7).unwrap();
         let scaled: Vec<f64> = logits.iter().map(|&x| x as f64 / 0.5).collect();
-        let lse = scaled.iter().map(|x| x.exp()).sum::<f64>().ln();
+        let lse = log_sum_exp(&scaled);
         assert!((s.log_prob as f64 - (scaled[s.token as usize] - lse)).abs() < 1e-6);
     }
 
@@ -297,9 +311,8 @@ mod tests {
         };
         let scaled: Vec<f64> = logits.iter().map(|&x| x as f64 / 0.7).collect();
         let lse = log_sum_exp(&scaled);
-        let mut rng = StdRng::seed_from_u64(5);
-        for _ in 0..2000 {
-            let s = sample(&logits, &config, &mut rng).unwrap();
+        for position in 0..2000 {
+            let s = sample(&logits, &config, uniform(5, position)).unwrap();
             let t = s.token as usize;
             assert_ne!(t % 7, 3, "drew a token whose logit is -inf");
             assert!(
@@ -310,12 +323,12 @@ mod tests {
             );
         }
         let all_masked = [f32::NEG_INFINITY; 4];
-        let err = sample(&all_masked, &config, &mut rng).unwrap_err();
+        let err = sample(&all_masked, &config, 0.5).unwrap_err();
         assert!(err.to_string().contains("probability 0"), "{err}");
     }
 
     #[test]
-    fn top_k_keeps_only_the_k_best() {
+    fn top_k_keeps_the_k_best_and_their_ties() {
         let logits = [0.0f32, 0.1, 0.2, 0.3, 0.4];
         let config = SamplingConfig {
             top_k: 2,
@@ -324,6 +337,11 @@ mod tests {
         let c = counts(&logits, &config, 4000);
         assert_eq!(c[0] + c[1] + c[2], 0);
         assert!(c[3] > 1000 && c[4] > 1000);
+        // A tie with the k-th largest is kept (Hugging Face masks only values below it).
+        let tied = [0.3f32, 0.1, 0.3, 0.4];
+        let c = counts(&tied, &config, 4000);
+        assert_eq!(c[1], 0);
+        assert!(c[0] > 500 && c[2] > 500 && c[3] > 500, "{c:?}");
     }
 
     #[test]
@@ -338,7 +356,7 @@ mod tests {
         assert_eq!(c[2], 0);
         let f0 = c[0] as f64 / 9000.0;
         assert!((f0 - 2.0 / 3.0).abs() < 0.02, "renormalised: {f0}");
-        // top_p 0.6 keeps only the first (mass reached exactly).
+        // top_p 0.5 keeps only the first (its mass reaches it alone).
         let config = SamplingConfig {
             top_p: 0.5,
             ..SamplingConfig::default()
@@ -356,21 +374,20 @@ mod tests {
             temperature: 0.8,
             greedy: false,
         };
-        let run = || {
-            let mut rng = StdRng::seed_from_u64(42);
+        let run = |seed: u64| {
             (0..100)
-                .map(|_| sample(&logits, &config, &mut rng).unwrap().token)
+                .map(|p| sample(&logits, &config, uniform(seed, p)).unwrap().token)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(run(), run());
+        assert_eq!(run(42), run(42));
+        assert_ne!(run(42), run(43));
     }
 
     #[test]
     fn nan_logits_and_bad_configs_are_errors() {
-        let mut rng = StdRng::seed_from_u64(0);
-        let err = sample(&[0.0, f32::NAN], &SamplingConfig::default(), &mut rng).unwrap_err();
+        let err = sample(&[0.0, f32::NAN], &SamplingConfig::default(), 0.5).unwrap_err();
         assert!(err.to_string().contains("NaN"));
-        assert!(sample(&[], &SamplingConfig::default(), &mut rng).is_err());
+        assert!(sample(&[], &SamplingConfig::default(), 0.5).is_err());
         let bad = SamplingConfig {
             temperature: 0.0,
             ..SamplingConfig::default()
@@ -386,5 +403,18 @@ mod tests {
             ..SamplingConfig::default()
         };
         assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
+        assert!(
+            device_error(ERROR_NAN)
+                .unwrap_err()
+                .to_string()
+                .contains("NaN")
+        );
+        assert!(
+            device_error(ERROR_ALL_MASKED)
+                .unwrap_err()
+                .to_string()
+                .contains("probability 0")
+        );
+        assert_eq!(device_error(17.0).unwrap(), 17);
     }
 }

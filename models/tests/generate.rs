@@ -9,8 +9,6 @@ use common::model_cases;
 use flowrl_models::Model;
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 
 #[test]
 fn repeated_prompts_sample_what_each_prompt_samples_alone() {
@@ -25,24 +23,16 @@ fn repeated_prompts_sample_what_each_prompt_samples_alone() {
             .iter()
             .map(|ids| PromptInput { ids, images: &[] })
             .collect();
-        let config = GenerationConfig {
-            max_new_tokens: 6,
-            sampling: SamplingConfig::default(),
-            stop_token_ids: vec![],
-            pad_token_id: 0,
-            suppress_token_ids: vec![],
-        };
-        let seeds = |range: std::ops::Range<u64>| -> Vec<StdRng> {
-            range.map(StdRng::seed_from_u64).collect()
-        };
-        let batched = generate(&parts, &prompts, &config, &mut seeds(0..5), &device).unwrap();
+        let config = GenerationConfig::new(6, SamplingConfig::default());
+        let seeds = |range: std::ops::Range<u64>| -> Vec<u64> { range.collect() };
+        let batched = generate(&parts, &prompts, &config, &seeds(0..5), &device).unwrap();
         let mut distinct_rows = std::collections::HashSet::new();
         for (r, prompt) in prompts.iter().enumerate() {
             let alone = generate(
                 &parts,
                 std::slice::from_ref(prompt),
                 &config,
-                &mut seeds(r as u64..r as u64 + 1),
+                &seeds(r as u64..r as u64 + 1),
                 &device,
             )
             .unwrap();
@@ -53,7 +43,59 @@ fn repeated_prompts_sample_what_each_prompt_samples_alone() {
             }
             distinct_rows.insert(batched.tokens[r].clone());
         }
-        // The copies of one prompt drew from their own RNGs, not one shared draw.
+        // The copies of one prompt drew with their own seeds, not one shared draw.
         assert!(distinct_rows.len() > 2, "{distinct_rows:?}");
+    }
+}
+
+/// Rows generated in chunks under a KV-cache budget, with the prompts prefilled in micro-batches,
+/// sample what one batch samples (each row draws with its own seed); a budget below one row is an
+/// error naming the row's length and the bytes it needs.
+#[test]
+fn chunks_under_a_cache_budget_and_prefill_micro_batches_sample_what_one_batch_samples() {
+    let device = Default::default();
+    for dir in model_cases(&["qwen2_vl", "qwen2_5_vl"]).into_iter().take(1) {
+        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let model = Model::<Flex>::random(&config, &device, 12).unwrap();
+        let parts = ModelParts::of(&model);
+        let (a, b, c): (&[u32], &[u32], &[u32]) = (&[1, 2, 3, 4], &[5, 6], &[7, 8, 9]);
+        let order = [a, a, b, b, c, c, a];
+        let prompts: Vec<PromptInput<'_>> = order
+            .iter()
+            .map(|ids| PromptInput { ids, images: &[] })
+            .collect();
+        let seeds: Vec<u64> = (40..47).collect();
+        let one = GenerationConfig::new(8, SamplingConfig::default());
+        let whole = generate(&parts, &prompts, &one, &seeds, &device).unwrap();
+        let row = flowrl_models::generate::cache_bytes_per_row(parts.lm, 4, one.max_new_tokens);
+        assert_eq!(
+            row,
+            (parts.lm.kv_cache_bytes_per_token() * (4 + 8 - 1)) as u64
+        );
+        let chunked = GenerationConfig {
+            cache_budget: Some(2 * row + row / 2),
+            prefill_tokens: Some(4),
+            ..one.clone()
+        };
+        let got = generate(&parts, &prompts, &chunked, &seeds, &device).unwrap();
+        assert_eq!(got.tokens, whole.tokens, "tokens");
+        assert_eq!(got.stopped, whole.stopped, "stop flags");
+        for (r, (x, y)) in got.log_probs.iter().zip(&whole.log_probs).enumerate() {
+            for (p, q) in x.iter().zip(y) {
+                assert!((p - q).abs() < 1e-4, "row {r}: log-prob {p} vs {q}");
+            }
+        }
+
+        let tight = GenerationConfig {
+            cache_budget: Some(row - 1),
+            ..one
+        };
+        let err = generate(&parts, &prompts, &tight, &seeds, &device)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot hold one row") && err.contains("11 tokens"),
+            "{err}"
+        );
     }
 }

@@ -1,14 +1,14 @@
 //! `generate` against a reference decode loop written here with the public capabilities: the
-//! reference grows the KV cache by a `cat` per step (the cache of plain `forward_hidden` calls),
-//! where `generate` reserves it at its final length after the prefill and writes each step in
-//! place; and the reference either drops finished rows from the batch (as `generate` does) or
-//! keeps every row in the batch to the end (finished rows are fed their last token, their
-//! outputs ignored and their RNGs not drawn from). Greedy and seeded sampling, on batches where
-//! rows stop at different steps, for the Qwen decoders (`layers::Attention`) and Gemma 4 (its
-//! own attention, sliding windows and KV-shared layers): the same tokens and stop flags, and
-//! the same log-probs bit for bit against the cat-grown cache, within 1e-6 relative against the
-//! batch that keeps every row (its forward passes run on more rows, so their rounding may
-//! differ).
+//! reference grows the KV cache by a `cat` per step (the cache of plain `forward_hidden` calls)
+//! and uploads each step's mask, where `generate` reserves the cache at its final length after
+//! the prefill, writes each step in place and slices a mask kept on the device; finished rows
+//! leave the reference's batch as `generate`'s do (once at most half the rows are alive), at
+//! once, or never (finished rows are fed their last token, their outputs ignored). Greedy and
+//! seeded sampling, on batches where rows stop at different steps, for the Qwen decoders
+//! (`layers::Attention`) and Gemma 4 (its own attention, sliding windows and KV-shared layers):
+//! the same tokens and stop flags, and the same log-probs bit for bit against the reference
+//! with `generate`'s compaction, within 1e-6 relative against the others (their forward passes
+//! run on other rows, so their rounding may differ).
 
 mod common;
 
@@ -17,20 +17,29 @@ use burn::backend::Flex;
 use burn::prelude::*;
 use common::model_cases;
 use flowrl_models::generate::{Generation, GenerationConfig, ModelParts, PromptInput, generate};
-use flowrl_models::sampling::{SamplingConfig, sample};
+use flowrl_models::sampling::{SamplingConfig, sample, uniform};
 use flowrl_models::{KvCache, Model, PaddedBatch, embed_inputs, plain_positions};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 
 type B = Flex;
 
-/// The reference loop (see the module doc). `drop_finished`: finished rows leave the batch.
+/// When finished rows leave the reference's batch.
+#[derive(Clone, Copy, PartialEq)]
+enum Compaction {
+    /// Once at most half the rows are alive (what `generate` does).
+    AtHalf,
+    /// As soon as a row finishes.
+    AtOnce,
+    /// Never.
+    Never,
+}
+
+/// The reference loop (see the module doc).
 fn reference(
     parts: &ModelParts<'_, B>,
     prompts: &[PromptInput<'_>],
     config: &GenerationConfig,
-    rngs: &mut [StdRng],
-    drop_finished: bool,
+    seeds: &[u64],
+    compaction: Compaction,
 ) -> Result<Generation> {
     let device = Default::default();
     let lm = parts.lm;
@@ -99,7 +108,7 @@ fn reference(
                     *x = f32::NEG_INFINITY;
                 }
             }
-            let s = sample(row_logits, &config.sampling, &mut rngs[row])?;
+            let s = sample(row_logits, &config.sampling, uniform(seeds[row], step))?;
             out.tokens[row].push(s.token);
             out.log_probs[row].push(s.log_prob);
             out.stopped[row] = stops.contains(&s.token);
@@ -108,14 +117,17 @@ fn reference(
         if step + 1 == config.max_new_tokens || in_batch.iter().all(|&r| out.stopped[r]) {
             break;
         }
-        if drop_finished {
-            let keep: Vec<usize> = (0..in_batch.len())
-                .filter(|&s| !out.stopped[in_batch[s]])
-                .collect();
-            if keep.len() < in_batch.len() {
-                cache.select_rows(&keep);
-                in_batch = keep.iter().map(|&s| in_batch[s]).collect();
-            }
+        let keep: Vec<usize> = (0..in_batch.len())
+            .filter(|&s| !out.stopped[in_batch[s]])
+            .collect();
+        let compact = match compaction {
+            Compaction::AtHalf => 2 * keep.len() <= in_batch.len(),
+            Compaction::AtOnce => true,
+            Compaction::Never => false,
+        };
+        if compact && keep.len() < in_batch.len() {
+            cache.select_rows(&keep);
+            in_batch = keep.iter().map(|&s| in_batch[s]).collect();
         }
         let n = in_batch.len();
         let pos: Vec<i64> = (0..positions.streams)
@@ -153,8 +165,8 @@ fn host_rows(logits: Tensor<B, 3>) -> Vec<Vec<f32>> {
     data.chunks(vocab).map(<[f32]>::to_vec).collect()
 }
 
-fn seeds() -> Vec<StdRng> {
-    (0..5).map(|s| StdRng::seed_from_u64(100 + s)).collect()
+fn seeds() -> Vec<u64> {
+    (100..105).collect()
 }
 
 /// Same tokens and stop flags; log-probs bit for bit (`exact`) or within 1e-6 relative (the
@@ -198,18 +210,15 @@ fn reserved_cache_and_dropped_rows_decode_like_the_reference_loop() {
         for sampling in [SamplingConfig::greedy(), SamplingConfig::default()] {
             let what = format!("{} greedy={}", dir.display(), sampling.greedy);
             let free = GenerationConfig {
-                max_new_tokens: 10,
-                sampling: sampling.clone(),
-                stop_token_ids: vec![],
-                pad_token_id: 0,
                 // The model's EOS ids are left to chance; the stops below are chosen.
                 suppress_token_ids: parts.lm.eos_token_ids(),
+                ..GenerationConfig::new(10, sampling.clone())
             };
-            let unstopped = generate(&parts, &prompts, &free, &mut seeds(), &device).unwrap();
+            let unstopped = generate(&parts, &prompts, &free, &seeds(), &device).unwrap();
             assert_same(
                 &format!("{what}, no stops, vs cat cache"),
                 &unstopped,
-                &reference(&parts, &prompts, &free, &mut seeds(), true).unwrap(),
+                &reference(&parts, &prompts, &free, &seeds(), Compaction::AtHalf).unwrap(),
                 true,
             );
             // Stop tokens that end some rows early, at different steps: per row, the first
@@ -233,7 +242,7 @@ fn reserved_cache_and_dropped_rows_decode_like_the_reference_loop() {
                 stop_token_ids: stop_ids,
                 ..free
             };
-            let got = generate(&parts, &prompts, &config, &mut seeds(), &device).unwrap();
+            let got = generate(&parts, &prompts, &config, &seeds(), &device).unwrap();
             let lengths: std::collections::BTreeSet<usize> =
                 got.tokens.iter().map(Vec::len).collect();
             assert!(
@@ -242,15 +251,21 @@ fn reserved_cache_and_dropped_rows_decode_like_the_reference_loop() {
                 got.tokens
             );
             assert_same(
-                &format!("{what}, stops, vs cat cache + dropped rows"),
+                &format!("{what}, stops, vs cat cache + rows compacted at half"),
                 &got,
-                &reference(&parts, &prompts, &config, &mut seeds(), true).unwrap(),
+                &reference(&parts, &prompts, &config, &seeds(), Compaction::AtHalf).unwrap(),
                 true,
+            );
+            assert_same(
+                &format!("{what}, stops, vs cat cache + rows dropped at once"),
+                &got,
+                &reference(&parts, &prompts, &config, &seeds(), Compaction::AtOnce).unwrap(),
+                false,
             );
             assert_same(
                 &format!("{what}, stops, vs cat cache + every row kept"),
                 &got,
-                &reference(&parts, &prompts, &config, &mut seeds(), false).unwrap(),
+                &reference(&parts, &prompts, &config, &seeds(), Compaction::Never).unwrap(),
                 false,
             );
         }

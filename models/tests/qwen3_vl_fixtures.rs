@@ -423,17 +423,8 @@ fn qwen3_vl_kv_cached_decoding_matches_transformers() {
             .map(|(ids, images)| PromptInput { ids, images })
             .collect();
         let config = greedy_config(steps);
-        let mut rngs: Vec<rand::rngs::StdRng> = (0..b)
-            .map(|r| rand::SeedableRng::seed_from_u64(r as u64))
-            .collect();
-        let out = generate(
-            &ModelParts::of(&model),
-            &prompts,
-            &config,
-            &mut rngs,
-            &device,
-        )
-        .unwrap();
+        let seeds: Vec<u64> = (0..b as u64).collect();
+        let out = generate(&ModelParts::of(&model), &prompts, &config, &seeds, &device).unwrap();
         let tokens: Vec<i64> = out.tokens.concat().iter().map(|&t| t as i64).collect();
         case.exact("generated_ids", &tokens);
         case.print();

@@ -20,7 +20,7 @@ mod common;
 
 use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
-use common::{gemma4_checks, lora_checks, qwen_checks};
+use common::{gemma4_checks, kernel_checks, lora_checks, qwen_checks};
 
 /// burn's wgpu kernels without the fusion layer (f32 floats, i32 ints, u8 bools as `Vulkan`).
 type Gpu = CubeBackend<WgpuRuntime, f32, i32, u8>;
@@ -122,4 +122,37 @@ fn vulkan_batched_transposed_lhs_matmul_matches_host() {
 #[test]
 fn lora_adapters_match_peft_on_vulkan() {
     lora_checks::peft_adapters_match_peft::<Autodiff<Gpu>>(&device());
+}
+
+/// flowrl's flash attention (forward) against the composite on the CPU: left padding, packed
+/// segments, a decode step over a cache, a sliding window.
+#[test]
+fn vulkan_flash_attention_matches_the_composite() {
+    kernel_checks::flash_attention_matches_the_composite::<Gpu>(&device());
+}
+
+/// The flash backward's dQ, dK and dV against the composite's gradients on the CPU.
+#[test]
+fn vulkan_flash_attention_gradients_match_the_composite() {
+    kernel_checks::flash_gradients_match_the_composite::<Autodiff<Gpu>>(&device());
+}
+
+/// The fused RMSNorm, SwiGLU gate and RoPE kernels against their composites on the CPU.
+#[test]
+fn vulkan_fused_elementwise_kernels_match_the_composites() {
+    kernel_checks::fused_elementwise_matches_the_composites::<Gpu>(&device());
+}
+
+/// The device sampler: greedy tokens, keep thresholds, log-probs and drawn frequencies (χ²)
+/// against the host rule; NaN and fully masked rows as errors.
+#[test]
+fn vulkan_device_sampler_matches_the_host_rule() {
+    kernel_checks::device_sampler_matches_the_host_rule::<Gpu>(&device());
+}
+
+/// The fused RMSNorm, SwiGLU gate and RoPE backward kernels against the composites' gradients on
+/// the CPU.
+#[test]
+fn vulkan_fused_elementwise_gradients_match_the_composites() {
+    kernel_checks::fused_elementwise_gradients_match_the_composites::<Autodiff<Gpu>>(&device());
 }

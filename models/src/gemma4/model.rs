@@ -193,6 +193,18 @@ impl<B: Backend> CausalLm<B> for Gemma4<B> {
         KvCache::new(self.language_model.layers.len())
     }
 
+    /// Only the layers with their own keys and values store them (KV-sharing layers read
+    /// their source layer's); head widths differ between sliding and full layers.
+    fn kv_cache_bytes_per_token(&self) -> usize {
+        let element = self.language_model.embed_tokens.val().dtype().size();
+        self.config
+            .layers
+            .iter()
+            .filter(|l| matches!(l.kv, crate::gemma4::config::KvSource::Own))
+            .map(|l| 2 * l.num_kv_heads * l.head_dim * element)
+            .sum()
+    }
+
     fn vocab_size(&self) -> usize {
         self.config.text_config.vocab_size
     }

@@ -17,8 +17,8 @@ use super::config::{Gemma4Config, KvSource, LayerKind, LayerSpec};
 use super::layers::{block_norm_weights, geglu, new_block_norms};
 use crate::capabilities::KvCache;
 use crate::layers::{
-    Linear, RmsNorm, append_kv, apply_rotary, attention, causal_padding_window_bias, inv_freq,
-    repeat_kv, rms_normalize, rope_tables,
+    AttentionMask, Linear, RmsNorm, append_kv, apply_rotary, grouped_query_attention, inv_freq,
+    rms_normalize, rope_tables,
 };
 use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
@@ -409,9 +409,9 @@ impl<B: Backend> TextModel<B> {
         mut layer_outputs: Option<&mut Vec<Tensor<B, 3>>>,
     ) -> Tensor<B, 3> {
         let [b, l, _] = h.dims();
-        // Attention biases, one per window (None = full layers), and RoPE tables per
+        // Attention masks, one per window (None = full layers), and RoPE tables per
         // (head dim, rotating pairs, θ), built once per call.
-        let mut biases: Vec<(Option<usize>, Tensor<B, 4>)> = Vec::new();
+        let mut masks: Vec<(Option<usize>, AttentionMask<B>)> = Vec::new();
         let mut ropes: Vec<((usize, usize, u64), CosSin<B>)> = Vec::new();
         let mut kv_full: Vec<Option<Kv<B>>> = vec![None; self.layers.len()];
         let p = self.info.ple_dim;
@@ -433,13 +433,13 @@ impl<B: Backend> TextModel<B> {
                 LayerKind::Sliding { window } => Some(window),
                 LayerKind::Full => None,
             };
-            if !biases.iter().any(|(w, _)| *w == window) {
-                biases.push((window, causal_padding_window_bias(mask.clone(), l, window)));
+            if !masks.iter().any(|(w, _)| *w == window) {
+                masks.push((window, AttentionMask::causal(mask.clone(), l, window)));
             }
-            let bias = biases
+            let layer_mask = masks
                 .iter()
                 .find(|(w, _)| *w == window)
-                .map(|(_, t)| t.clone())
+                .map(|(_, m)| m)
                 .unwrap();
             let layer_cache = match (&mut cache, spec.kv) {
                 (Some(c), KvSource::Own) => Some(&mut c.layers[i]),
@@ -453,7 +453,7 @@ impl<B: Backend> TextModel<B> {
                 (cos, sin),
                 &kv_full,
                 layer_cache,
-                bias,
+                layer_mask,
             );
             // Keep the K/V only where a later KV-shared layer reads it.
             if self.info.layers[i + 1..layers.end]
@@ -512,7 +512,7 @@ impl<B: Backend> DecoderLayer<B> {
         (cos, sin): CosSin<B>,
         kv_full: &[Option<Kv<B>>],
         cache: Option<&mut Option<Kv<B>>>,
-        bias: Tensor<B, 4>,
+        mask: &AttentionMask<B>,
     ) -> (Tensor<B, 3>, Kv<B>) {
         let [b, l, _] = x.dims();
         let (d, kvh) = (spec.head_dim, spec.num_kv_heads);
@@ -537,8 +537,8 @@ impl<B: Backend> DecoderLayer<B> {
                 let k = rope(k.swap_dims(1, 2));
                 let v = rms_normalize(vp.forward(x).reshape([b, l, kvh, d]), eps).swap_dims(1, 2);
                 match cache {
-                    // Every key the queries attend to: cached + new (the bias covers them all).
-                    Some(slot) => append_kv(slot, k, v, bias.dims()[3]),
+                    // Every key the queries attend to: cached + new (the mask covers them all).
+                    Some(slot) => append_kv(slot, k, v, mask.keys()),
                     None => (k, v),
                 }
             }
@@ -546,16 +546,9 @@ impl<B: Backend> DecoderLayer<B> {
                 .clone()
                 .expect("the source layer of a KV-shared layer runs first"),
         };
-        let group = heads / kvh;
-        let o = attention(
-            q,
-            repeat_kv(k.clone(), group),
-            repeat_kv(v.clone(), group),
-            Some(bias),
-            1.0,
-        )
-        .swap_dims(1, 2)
-        .reshape([b, l, heads * d]);
+        let o = grouped_query_attention(q, k.clone(), v.clone(), mask, 1.0)
+            .swap_dims(1, 2)
+            .reshape([b, l, heads * d]);
         (a.o_proj.forward(o), (k, v))
     }
 }

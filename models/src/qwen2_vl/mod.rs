@@ -181,6 +181,12 @@ macro_rules! qwen_causal_lm {
                 KvCache::new(self.text.layers.len())
             }
 
+            fn kv_cache_bytes_per_token(&self) -> usize {
+                let t = &self.config.text;
+                let element = self.text.embed_tokens.val().dtype().size();
+                t.num_layers * 2 * t.num_kv_heads * t.head_dim * element
+            }
+
             fn vocab_size(&self) -> usize {
                 self.config.text.vocab_size
             }

@@ -16,8 +16,7 @@ use burn::tensor::DType;
 use super::config::TextConfig;
 use crate::capabilities::{DecoderInputs, KvCache};
 use crate::layers::{
-    Attention, AttentionShape, RmsNorm, Rotary, SwiGluMlp, causal_padding_bias,
-    grouped_attention_bias, inv_freq, rope_tables,
+    Attention, AttentionMask, AttentionShape, RmsNorm, Rotary, SwiGluMlp, inv_freq, rope_tables,
 };
 use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
@@ -200,20 +199,17 @@ pub fn run_layers<B: Backend>(
         .first()
         .map(|layer| (layer.self_attn.num_heads, layer.self_attn.num_kv_heads))
         .unwrap_or((1, 1));
-    let rope_q = Rotary::new(cos.clone(), sin.clone(), heads);
-    let rope_k = Rotary::new(cos, sin, kv_heads);
-    let bias = grouped_attention_bias(
-        causal_padding_bias(attention_mask, l),
-        kv_heads,
-        heads / kv_heads,
-    );
+    let dtype = h.dtype();
+    let rope_q = Rotary::new(cos.clone(), sin.clone(), heads, dtype);
+    let rope_k = Rotary::new(cos, sin, kv_heads, dtype);
+    let mask = AttentionMask::causal(attention_mask, l, None);
     for (i, layer) in layers.iter().enumerate() {
         let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
         let a = layer.self_attn.forward(
             layer.input_layernorm.forward(h.clone()),
             &rope_q,
             &rope_k,
-            bias.clone(),
+            &mask,
             slot,
         );
         h = h + a;

@@ -137,19 +137,17 @@ impl<B: Backend> VisionBlock<B> {
         }
     }
 
-    /// `x` `[N, width]`; `rope` for `[1, N, heads, head_dim]`; attention inside each
-    /// `(start, len)` of `segments`, with an additive bias per segment (window attention) when
-    /// given. RoPE is applied in the `[N, heads, head_dim]` layout, before the heads are moved
-    /// forward (see [`Rotary`]).
+    /// `x` `[N, width]`; `rope` for `[1, N, heads, head_dim]`; attention within `groups`
+    /// (frames, or windows inside them). RoPE is applied in the `[N, heads, head_dim]` layout,
+    /// before the heads are moved forward (see [`Rotary`]).
     fn forward(
         &self,
         x: Tensor<B, 2>,
         rope: &Rotary<B>,
-        segments: &[(usize, usize)],
-        biases: Option<&[Option<Tensor<B, 2>>]>,
+        groups: &PatchGroups<'_, B>,
     ) -> Tensor<B, 2> {
         let qkv = self.qkv.forward(self.norm1.forward(x.clone()));
-        let attn = segment_attention(qkv, self.num_heads, rope, segments, biases);
+        let attn = segment_attention(qkv, self.num_heads, rope, groups);
         let x = x + self.proj.forward(attn);
         let m = self.mlp.forward(self.norm2.forward(x.clone()));
         x + m
@@ -362,13 +360,19 @@ impl<B: Backend> VisionTower<B> {
             cos = permute(cos.clone());
             sin = permute(sin.clone());
         }
-        let rope = Rotary::new(cos.unsqueeze_dim(0), sin.unsqueeze_dim(0), c.num_heads);
+        let rope = Rotary::new(
+            cos.unsqueeze_dim(0),
+            sin.unsqueeze_dim(0),
+            c.num_heads,
+            x.dtype(),
+        );
 
         let frames: Vec<(usize, usize)> = layout
             .cu_seqlens
             .windows(2)
             .map(|w| (w[0], w[1] - w[0]))
             .collect();
+        let frame_groups = PatchGroups::frames(&frames, &device);
         // Window attention inside each frame: a block-diagonal bias over that frame's windows.
         let window_biases: Option<Vec<Option<Tensor<B, 2>>>> =
             layout.cu_window_seqlens.as_ref().map(|cw| {
@@ -377,15 +381,18 @@ impl<B: Backend> VisionTower<B> {
                     .map(|&(start, len)| Some(window_bias::<B>(cw, start, len, &device)))
                     .collect()
             });
+        let window_groups = layout
+            .cu_window_seqlens
+            .as_ref()
+            .zip(window_biases.as_deref())
+            .map(|(cw, biases)| PatchGroups::windows(&frames, cw, biases, &device));
 
         for (i, block) in self.blocks.iter().enumerate() {
-            let windowed = window_biases.is_some() && !c.fullatt_block_indexes.contains(&i);
-            let biases = if windowed {
-                window_biases.as_deref()
-            } else {
-                None
+            let groups = match &window_groups {
+                Some(windows) if !c.fullatt_block_indexes.contains(&i) => windows,
+                _ => &frame_groups,
             };
-            x = block.forward(x, &rope, &frames, biases);
+            x = block.forward(x, &rope, groups);
             if let Some(t) = trace.as_deref_mut() {
                 t.block_out.push(x.clone());
             }
@@ -425,17 +432,86 @@ impl<B: Backend> VisionTower<B> {
     }
 }
 
+/// Which patches attend to which in a vision block: each patch to the patches of its group, a
+/// frame (`(start, len)` of `segments`), or with `biases` a window inside its frame (an additive
+/// bias per frame, the composite's form of Qwen2.5-VL's windows). `ids` `[1, N]` numbers the
+/// groups from 1, patch by patch: what the flash kernel reads ([`crate::kernels::attention`]).
+pub struct PatchGroups<'a, B: Backend> {
+    pub segments: &'a [(usize, usize)],
+    pub biases: Option<&'a [Option<Tensor<B, 2>>]>,
+    pub ids: Tensor<B, 2, Int>,
+}
+
+impl<'a, B: Backend> PatchGroups<'a, B> {
+    /// One group per frame.
+    pub fn frames(segments: &'a [(usize, usize)], device: &B::Device) -> Self {
+        let mut ids = Vec::new();
+        for (f, &(_, len)) in segments.iter().enumerate() {
+            ids.extend(std::iter::repeat_n(f as i64 + 1, len));
+        }
+        Self {
+            segments,
+            biases: None,
+            ids: group_ids(ids, device),
+        }
+    }
+
+    /// One group per window of a frame: the windows `cu_window` bounds (global patch
+    /// indices), cut at the frame boundaries; `biases` the same windows per frame.
+    pub fn windows(
+        segments: &'a [(usize, usize)],
+        cu_window: &[usize],
+        biases: &'a [Option<Tensor<B, 2>>],
+        device: &B::Device,
+    ) -> Self {
+        let n = segments
+            .iter()
+            .map(|&(start, len)| start + len)
+            .max()
+            .unwrap_or(0);
+        let mut window_of = vec![0usize; n];
+        for (w, pair) in cu_window.windows(2).enumerate() {
+            let end = pair[1].min(n);
+            if pair[0] < end {
+                window_of[pair[0]..end].fill(w);
+            }
+        }
+        let mut ids = Vec::with_capacity(n);
+        let mut next = 0i64;
+        for &(start, len) in segments {
+            let mut last = None;
+            for &w in &window_of[start..start + len] {
+                if last != Some(w) {
+                    next += 1;
+                    last = Some(w);
+                }
+                ids.push(next);
+            }
+        }
+        Self {
+            segments,
+            biases: Some(biases),
+            ids: group_ids(ids, device),
+        }
+    }
+}
+
+fn group_ids<B: Backend>(ids: Vec<i64>, device: &B::Device) -> Tensor<B, 2, Int> {
+    let n = ids.len();
+    Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), device).reshape([1, n])
+}
+
 /// Attention of a Qwen vision block: `qkv` `[N, 3·width]` split into heads, q and k rotated by
 /// `rope` (for `[1, N, heads, head_dim]`, applied before the heads are moved forward, see
-/// [`Rotary`]), non-causal attention inside each `(start, len)` of `segments` with an additive
-/// bias per segment (Qwen2.5-VL's windows) when given, softmax in f32; returns `[N, width]`.
-/// Shared by the Qwen2-VL, Qwen2.5-VL and Qwen3-VL towers.
+/// [`Rotary`]), non-causal attention within each of `groups`, softmax in f32; returns
+/// `[N, width]`. On the GPU backends one flash kernel over every patch (the groups' ids as its
+/// segments); elsewhere one composite per frame, with its window bias when given. Shared by the
+/// Qwen2-VL, Qwen2.5-VL and Qwen3-VL towers.
 pub fn segment_attention<B: Backend>(
     qkv: Tensor<B, 2>,
     heads: usize,
     rope: &Rotary<B>,
-    segments: &[(usize, usize)],
-    biases: Option<&[Option<Tensor<B, 2>>]>,
+    groups: &PatchGroups<'_, B>,
 ) -> Tensor<B, 2> {
     let n = qkv.dims()[0];
     let width = qkv.dims()[1] / 3;
@@ -451,14 +527,34 @@ pub fn segment_attention<B: Backend>(
     let k = rotated(1);
     let v = part(2).swap_dims(0, 1);
     let scale = 1.0 / (d as f64).sqrt();
-    let mut outs = Vec::with_capacity(segments.len());
-    for (s, &(start, len)) in segments.iter().enumerate() {
+    if crate::kernels::attention::available::<B>() {
+        let rule = crate::layers::MaskRule {
+            causal: false,
+            window: None,
+        };
+        let batched = |t: Tensor<B, 3>| t.unsqueeze_dim::<4>(0);
+        if let Some(out) = crate::kernels::attention::flash_attention(
+            batched(q.clone()),
+            batched(k.clone()),
+            batched(v.clone()),
+            &groups.ids,
+            rule,
+            scale,
+        ) {
+            return out
+                .reshape([heads, n, d])
+                .swap_dims(0, 1)
+                .reshape([n, width]);
+        }
+    }
+    let mut outs = Vec::with_capacity(groups.segments.len());
+    for (s, &(start, len)) in groups.segments.iter().enumerate() {
         let qs = q.clone().narrow(1, start, len);
         let ks = k.clone().narrow(1, start, len);
         let vs = v.clone().narrow(1, start, len);
         let dtype = qs.dtype();
         let mut scores = (qs.matmul(ks.transpose()) * scale).cast(DType::F32);
-        if let Some(Some(b)) = biases.map(|b| &b[s]) {
+        if let Some(Some(b)) = groups.biases.map(|b| &b[s]) {
             scores = scores + b.clone().cast(DType::F32).unsqueeze_dim(0);
         }
         outs.push(softmax(scores, 2).cast(dtype).matmul(vs));

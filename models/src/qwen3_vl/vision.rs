@@ -24,7 +24,7 @@ use burn::tensor::activation::gelu_approximate;
 use super::config::{VisionAct, VisionConfig};
 use crate::capabilities::ProcessedImage;
 use crate::layers::{LayerNorm, Linear, Rotary, gelu_erf, inv_freq};
-use crate::qwen2_vl::vision::{pixel_inputs, segment_attention};
+use crate::qwen2_vl::vision::{PatchGroups, pixel_inputs, segment_attention};
 use crate::weights::{Init, WeightNames, Weights, join, shaped};
 
 /// Checkpoint prefix of the tower.
@@ -72,16 +72,16 @@ impl<B: Backend> VisionBlock<B> {
         }
     }
 
-    /// `x` `[N, width]`; `rope` for `[1, N, heads, head_dim]`; attention inside each
-    /// `(start, len)` of `segments` (one per image frame), non-causal, `softmax` in f32.
+    /// `x` `[N, width]`; `rope` for `[1, N, heads, head_dim]`; attention inside each frame of
+    /// `frames`, non-causal, `softmax` in f32.
     fn forward(
         &self,
         x: Tensor<B, 2>,
         rope: &Rotary<B>,
-        segments: &[(usize, usize)],
+        frames: &PatchGroups<'_, B>,
     ) -> Tensor<B, 2> {
         let qkv = self.qkv.forward(self.norm1.forward(x.clone()));
-        let attn = segment_attention(qkv, self.num_heads, rope, segments, None);
+        let attn = segment_attention(qkv, self.num_heads, rope, frames);
         let x = x + self.proj.forward(attn);
         let z = self.fc1.forward(self.norm2.forward(x.clone()));
         let z = if self.gelu_tanh {
@@ -361,6 +361,7 @@ impl<B: Backend> VisionTower<B> {
             emb.clone().cos().unsqueeze_dim(0),
             emb.sin().unsqueeze_dim(0),
             c.num_heads,
+            x.dtype(),
         );
 
         let frames: Vec<(usize, usize)> = layout
@@ -368,9 +369,10 @@ impl<B: Backend> VisionTower<B> {
             .windows(2)
             .map(|w| (w[0], w[1] - w[0]))
             .collect();
+        let frame_groups = PatchGroups::frames(&frames, &device);
         let mut deepstack = Vec::with_capacity(self.deepstack_mergers.len());
         for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(x, &rope, &frames);
+            x = block.forward(x, &rope, &frame_groups);
             if let Some(t) = trace.as_deref_mut() {
                 t.block_out.push(x.clone());
             }

@@ -22,7 +22,6 @@ use flowrl_models::capabilities::{CausalLm, PaddedBatch, ProcessedImage, plain_p
 use flowrl_models::gemma4::Gemma4;
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::weights::GradCollector;
-use rand::SeedableRng;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -532,10 +531,8 @@ pub fn greedy_decoding_through_kv_cache_matches_transformers<B: Backend>(dev: &B
             positions: model.multimodal_positions(),
         };
         let config = greedy_config(steps);
-        let mut rngs: Vec<_> = (0..inputs.len())
-            .map(|i| rand::rngs::StdRng::seed_from_u64(i as u64))
-            .collect();
-        let generation = generate(&parts, &inputs, &config, &mut rngs, dev).unwrap();
+        let seeds: Vec<u64> = (0..inputs.len() as u64).collect();
+        let generation = generate(&parts, &inputs, &config, &seeds, dev).unwrap();
         let gen_tokens: Vec<i64> = generation
             .tokens
             .concat()
@@ -548,8 +545,8 @@ pub fn greedy_decoding_through_kv_cache_matches_transformers<B: Backend>(dev: &B
             case.name
         );
 
-        // A row that stops early is dropped from the cache (shared-KV layers included); the
-        // other rows continue unchanged.
+        // A row that stops early leaves the batch (shared-KV layers included) once at most
+        // half the rows are alive; the other rows continue unchanged.
         let rows: Vec<&[i64]> = exp_tokens.i.chunks(steps).collect();
         let stop = rows[0].get(1).copied();
         if let Some(stop) = stop.filter(|&t| {
@@ -559,7 +556,7 @@ pub fn greedy_decoding_through_kv_cache_matches_transformers<B: Backend>(dev: &B
                 stop_token_ids: vec![stop as u32],
                 ..config
             };
-            let generation = generate(&parts, &inputs, &config, &mut rngs, dev).unwrap();
+            let generation = generate(&parts, &inputs, &config, &seeds, dev).unwrap();
             assert_eq!(generation.tokens[0], vec![rows[0][0] as u32, stop as u32]);
             assert!(generation.stopped[0]);
             for (r, row) in rows.iter().enumerate().skip(1) {
@@ -621,6 +618,9 @@ impl<B: Backend> CausalLm<B> for NoEos<'_, B> {
     }
     fn new_cache(&self) -> flowrl_models::KvCache<B> {
         self.0.new_cache()
+    }
+    fn kv_cache_bytes_per_token(&self) -> usize {
+        self.0.kv_cache_bytes_per_token()
     }
     fn vocab_size(&self) -> usize {
         self.0.vocab_size()

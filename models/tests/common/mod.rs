@@ -11,6 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 /// The parity checks of each model family, generic over the backend (run on the CPU by the
 /// family's fixture tests, on the GPU kernels by vulkan.rs).
 pub mod gemma4_checks;
+pub mod kernel_checks;
 pub mod lora_checks;
 pub mod qwen_checks;
 
@@ -186,13 +187,10 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Greedy decoding of `steps` tokens without stop tokens, padding with 0, nothing suppressed.
 pub fn greedy_config(steps: usize) -> flowrl_models::generate::GenerationConfig {
-    flowrl_models::generate::GenerationConfig {
-        max_new_tokens: steps,
-        sampling: flowrl_models::sampling::SamplingConfig::greedy(),
-        stop_token_ids: vec![],
-        pad_token_id: 0,
-        suppress_token_ids: vec![],
-    }
+    flowrl_models::generate::GenerationConfig::new(
+        steps,
+        flowrl_models::sampling::SamplingConfig::greedy(),
+    )
 }
 
 /// Final-normed hidden states of a prompt batch with its images: the model's input embeddings,

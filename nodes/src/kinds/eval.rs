@@ -36,7 +36,10 @@ use flowrl_engine::{
 };
 use serde::Deserialize;
 
-use crate::kinds::rollout::{RolloutParams, sample_rollouts, stop_token_ids, validate_generation};
+use crate::kinds::rollout::{
+    KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, sample_rollouts, stop_token_ids,
+    validate_generation,
+};
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, ScoreBatch, port_types};
@@ -168,6 +171,8 @@ impl Node for EvalNode {
             top_k: -1,
             greedy: true,
             stop: Vec::new(),
+            kv_cache_gib: KV_CACHE_GIB,
+            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
         };
         let mut per_source: BTreeMap<String, SourceStats> = BTreeMap::new();
         let mut lengths = 0usize;

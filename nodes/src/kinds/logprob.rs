@@ -50,9 +50,9 @@ struct LogProbParams {
         "responses per forward pass (verl: log_prob_micro_batch_size_per_gpu)",
     ))]
     micro: MicroBatchParams,
-    /// response positions per LM-head block
-    #[param(default = 16, min = 1.0)]
-    chunk: usize,
+    /// response positions per LM-head block; default: 16 on the CPU, 128 on a GPU
+    #[param(min = 1.0)]
+    chunk: Option<usize>,
     /// also output the per-token entropy
     #[param(default = false)]
     entropy: bool,
@@ -155,7 +155,7 @@ pub fn token_log_probs(
     temperature: f64,
     micro: MicroBatching,
     layout: Layout,
-    chunk: usize,
+    chunk: Option<usize>,
     extras: Extras,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
@@ -172,10 +172,11 @@ fn log_probs_on<B: FlowBackend>(
     temperature: f64,
     micro: MicroBatching,
     layout: Layout,
-    chunk: usize,
+    chunk: Option<usize>,
     extras: Extras,
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
+    let chunk = chunk.unwrap_or(B::LM_HEAD_CHUNK);
     let infer = model.inference_model::<B>()?;
     let (b, t) = (rollouts.len(), rollouts.response_len());
     // A gathered row: [log-probs (t) | entropies (t) when asked | Σπ² (t) when asked].

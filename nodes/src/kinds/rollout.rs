@@ -21,8 +21,7 @@ use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generat
 use flowrl_models::sampling::SamplingConfig;
 use serde::Deserialize;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use crate::kinds::validate::{model_context_length, upstream_prompt_length};
 use crate::resources::model::ModelResource;
@@ -63,7 +62,20 @@ pub struct RolloutParams {
     /// extra stop tokens (each must be one token of the tokenizer), besides the model's EOS
     #[serde(default)]
     pub stop: Vec<String>,
+    /// device memory (GiB) the KV cache of the rows decoded together may take; the rows are
+    /// generated in chunks that fit
+    #[param(default = KV_CACHE_GIB, gt = 0.0)]
+    pub kv_cache_gib: f64,
+    /// padded prompt tokens per prefill forward pass (verl/vLLM: max_num_batched_tokens)
+    #[param(default = MAX_NUM_BATCHED_TOKENS, min = 1.0)]
+    pub max_num_batched_tokens: usize,
 }
+
+/// Default of `kv_cache_gib`: with the weights and the training state of a 3B policy resident,
+/// what one 80–141 GB GPU has left (docs/gpu.md).
+pub const KV_CACHE_GIB: f64 = 32.0;
+/// Default of `max_num_batched_tokens` (verl's default).
+pub const MAX_NUM_BATCHED_TOKENS: usize = 8192;
 
 impl RolloutParams {
     /// The sampling part.
@@ -217,8 +229,9 @@ pub fn sample_rollouts(
 }
 
 /// [`sample_rollouts`] outside a graph step (`flowrl generate`): response `r` (prompt `r / n`,
-/// sample `r % n`) draws from its own RNG, seeded from `base_seed` and `r`, so the responses do
-/// not depend on how the batch is split. Greedy decoding draws nothing.
+/// sample `r % n`) draws with its own seed, derived from `base_seed` and `r`
+/// ([`flowrl_models::sampling::uniform`]), so the responses do not depend on how the batch is
+/// split. Greedy decoding draws nothing.
 pub fn sample_rollouts_seeded(
     model: &ModelResource,
     prompts: &Arc<PromptBatch>,
@@ -255,6 +268,8 @@ fn sample_on<B: FlowBackend>(
         stop_token_ids: stop_ids.to_vec(),
         pad_token_id: prompts.pad_token_id,
         suppress_token_ids: suppress,
+        cache_budget: Some((params.kv_cache_gib * (1u64 << 30) as f64) as u64),
+        prefill_tokens: Some(params.max_num_batched_tokens),
     };
     let b = prompts.len() * n;
     // A gathered row: [length, stopped, tokens (max_new_tokens), log-probs (max_new_tokens)];
@@ -266,7 +281,7 @@ fn sample_on<B: FlowBackend>(
         let parts = ModelParts::of(&infer);
         let mut rows = Vec::new();
         let mut inputs = Vec::new();
-        let mut rngs = Vec::new();
+        let mut seeds = Vec::new();
         for i in shard(prompts.len(), r.world, r.index) {
             let p = &prompts.prompts[i];
             for j in 0..n {
@@ -275,10 +290,11 @@ fn sample_on<B: FlowBackend>(
                     ids: &p.input_ids,
                     images: &p.images,
                 });
-                rngs.push(StdRng::seed_from_u64(row_seed(base_seed, i * n + j)));
+                seeds.push(row_seed(base_seed, i * n + j));
             }
         }
-        let generation = generate(&parts, &inputs, &config, &mut rngs, &device)?;
+        let generation = generate(&parts, &inputs, &config, &seeds, &device)
+            .with_context(|| format!("rollout of model `{}`", model.name))?;
         let encoded = rows.iter().enumerate().map(|(k, &row)| {
             let mut v = vec![0.0f32; width];
             let tokens = &generation.tokens[k];
@@ -337,7 +353,7 @@ fn sample_on<B: FlowBackend>(
     Ok(rollouts)
 }
 
-/// The seed of response `row`'s RNG in a step whose RNG drew `base`.
+/// The seed of response `row` in a step whose RNG drew `base`.
 fn row_seed(base: u64, row: usize) -> u64 {
     flowrl_engine::derive_seed(base, row as u64, "rollout.row")
 }

@@ -97,21 +97,29 @@ pub fn build_on(devices: Vec<DeviceSpec>) -> Built {
 
 /// [`build_on`] with the policy computing in `precision` (`None`: the backend's default).
 pub fn build_with(devices: Vec<DeviceSpec>, precision: Option<Precision>) -> Built {
+    build_graph(
+        GRAPH,
+        &root().join("assets/tiny-qwen2-vl"),
+        devices,
+        precision,
+    )
+}
+
+/// The nodes of `graph` (whose one model resource is `policy`) with the policy loaded from
+/// `policy_dir` on `devices[0]`, the data-parallel kinds on every device.
+pub fn build_graph(
+    graph: &str,
+    policy_dir: &std::path::Path,
+    devices: Vec<DeviceSpec>,
+    precision: Option<Precision>,
+) -> Built {
     let first = devices[0];
     std::env::set_current_dir(root()).unwrap();
     let registry = Registry::builtin();
     let (graph, _) =
-        compile(&registry, "dp.toml", GRAPH, &[]).unwrap_or_else(|f| panic!("{}", f.render()));
+        compile(&registry, "dp.toml", graph, &[]).unwrap_or_else(|f| panic!("{}", f.render()));
     let mut resources = Resources::default();
-    let policy = ModelResource::load(
-        "policy",
-        &root().join("assets/tiny-qwen2-vl"),
-        true,
-        None,
-        first,
-        precision,
-    )
-    .unwrap();
+    let policy = ModelResource::load("policy", policy_dir, true, None, first, precision).unwrap();
     resources.insert(
         "policy",
         graph.resources[0].kind.clone(),
