@@ -108,8 +108,9 @@ pub(crate) fn panic_error(msg: &str, device: crate::DeviceSpec) -> anyhow::Error
     if out_of_memory {
         anyhow::anyhow!(
             "panicked on {device}: {msg}\nhelp: the device ran out of memory (or a single \
-             buffer exceeded its limit): lower the node's micro_batch_size or chunk, the \
-             rollout's n or max_new_tokens, or the data batch_size"
+             buffer exceeded its limit): lower the node's micro_batch_size (or \
+             max_tokens_per_micro_batch) or chunk, the rollout's kv_cache_gib or \
+             max_num_batched_tokens (or its n or max_new_tokens), or the data batch_size"
         )
     } else {
         anyhow::anyhow!("panicked on {device}: {msg}")
@@ -423,6 +424,9 @@ mod tests {
             e.starts_with("panicked on cuda:1: Unable to allocate"),
             "{e}"
         );
-        assert!(e.contains("micro_batch_size"), "{e}");
+        assert!(
+            e.contains("micro_batch_size") && e.contains("kv_cache_gib"),
+            "{e}"
+        );
     }
 }

@@ -90,6 +90,12 @@ pub(super) fn rollout(m: &mut Mapper, p: &Plan) {
         p.response_length.to_string(),
         &format!("{ROLLOUT}.response_length"),
     );
+    m.int_param(
+        &mut rollout,
+        rk,
+        "max_num_batched_tokens",
+        &format!("{ROLLOUT}.max_num_batched_tokens"),
+    );
     if m.v(&format!("{ROLLOUT}.do_sample")).as_bool() == Some(false) {
         rollout.set(
             "greedy",
