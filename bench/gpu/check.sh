@@ -1,43 +1,54 @@
 #!/usr/bin/env bash
-# The one-shot GPU check of flowrl (bench/gpu/README.md): run once on a lent GPU machine, with the
+# The one-shot GPU check of flowrl (bench/gpu/README.md): run on a lent GPU machine, with the
 # binaries built on a development machine and carried over. Everything it measures goes to $OUT
-# (default bench/gpu/out): the table gpu.md (commit it as bench/results/gpu.md), steps.tsv and
-# one log per step.
+# (default bench/gpu/out): the table gpu.md (commit it as bench/results/gpu.md), steps.tsv,
+# micro.jsonl and one log per step.
 #
-#   bash bench/gpu/check.sh            run every step (at most GPU_CHECK_TOTAL_S = 480 s in all)
+#   bash bench/gpu/check.sh            run every step (at most GPU_CHECK_TOTAL_S = 420 s in all)
 #   bash bench/gpu/check.sh --dry-run  print the commands with their time budgets, check the files
 #
-# Steps, cheapest and most important first (budgets in seconds; a step may also use up to half
-# its budget again out of the time earlier steps left unused, the last step all of it, never the
-# time reserved for the steps after it):
-#   setup     15  GPU, CUDA libraries, Python modules, which precision parameter the build has
-#   fixtures  60  models/tests/cuda.rs (the models' fixture parity checks on CUDA), --test-threads 1
-#   default   70  graphs/grpo_vlm.toml, 20 steps on cuda
-#   prep      15  the benchmark's model (bench-make-model) and prompts (make_prompts.py)
-#   bench_flowrl 70  bench/grpo_bench.toml on cuda with bench/run.sh's settings
-#   bench_ref 60  bench/python/ref_rows.py --device cuda (transformers + torch, same shape)
-#   3b       110  bench/gpu/grpo_3b.toml: GRPO steps of a Qwen2.5-VL-3B-sized random model
-#   3b_lora   70  the same model and steps with LoRA (rank 16, alpha 32, all-linear, bf16 base)
-#                 and a reference `from = "policy"` (the base, adapters off) with a low_var_kl loss
+# The lent machine has 15 minutes in all, start-up included, and at most 600 s per command: 420 s
+# leave room for a second run in the same slot. Steps, the measurements that settle the GPU
+# performance model first (shared/research/gpu_path.md §4, §6), budgets in seconds; a step may
+# also use up to half its budget again out of the time earlier steps left unused (the last step
+# all of it), never the time reserved for the steps after it:
+#   setup      10  GPU, driver (R580+ for CUDA 13 PTX), toolkit headers (CUDA_PATH), NVRTC,
+#                  NCCL, the kernel caches, which precision parameter the build has
+#   micro      60  bench-gpu-micro: µs per launch, device -> host read bandwidth, the first
+#                  forward/backward's compile + autotune time, bf16 GEMM TFLOP/s at the 3B's shapes
+#   3b        240  bench/gpu/grpo_3b.toml: GRPO steps of a Qwen2.5-VL-3B-sized random model
+#   then whatever is left, in this order:
+#   fixtures   30  models/tests/cuda.rs (fixture parity, flowrl's kernels), --test-threads 1
+#   default    20  graphs/grpo_vlm.toml, 20 steps on cuda (metrics per step: a cut run reports
+#                  the steps it finished)
+#   prep        5  the benchmark's model (bench-make-model) and prompts (make_prompts.py)
+#   bench_flowrl 15  bench/grpo_bench.toml on cuda with bench/run.sh's settings
+#   bench_ref  15  bench/python/ref_rows.py --device cuda (transformers + torch, same shape)
+#   3b_lora    15  the 3B model and steps with LoRA (rank 16, alpha 32, all-linear, bf16 base)
+#                  and a reference `from = "policy"` (the base, adapters off) with a low_var_kl
+#                  loss; as the last step it also gets all the time left
 #
-# Budgets: 3b_lora (70 s) was added after 3b, and the 470 s of steps + 10 s summary were kept by
-# taking 20 s from 3b (130 -> 110) and 5-10 s from each earlier step (setup 20 -> 15, fixtures
-# 70 -> 60, default 80 -> 70, prep 20 -> 15, bench_flowrl 80 -> 70, bench_ref 70 -> 60). None of
-# these steps has been timed on the GPU yet, so the old budgets were guesses with room to spare,
-# and time a step leaves unused goes to the next ones. Drawing the 3.75 B random weights on one
-# host thread costs each 3B step about 100 s before its first GRPO step (142 s measured on a
-# 2.6 GHz EPYC core), so 3b_lora's 70 s are not enough by themselves. As the last step it also
-# gets all the time the earlier steps left unused. 3b (full fine-tuning) comes first because it
-# matters more. It can still use up to 165 s (1.5 x 110), which covers the draw and its first
-# step.
+# Kernel and autotune caches: setup copies bench/gpu/cubecl.toml to the repository root for the
+# run (removed at exit), so every process (all started in the root) compiles kernels into and
+# reads them from bench/gpu/cache (PTX, cubecl.toml's [compilation] cache) and shares autotune
+# results there ([autotune] cache). The compiled kernels are wiped when the binaries change
+# (bench/gpu/cache/BUILD); pack.sh carries a cache in bin.tar.gz, and the run leaves
+# cubecl-cache.tar.gz in $OUT for the next one. Each step's row counts the kernels it compiled.
 #
-# Settings (environment): GPU_BUDGET_<step> (e.g. GPU_BUDGET_3b=200: one step's budget), OUT, GPU_CHECK_TOTAL_S (480), GPU_CHECK_PRECISION (f32: the precision of
-# the default and benchmark runs; bf16 runs both sides in bf16), BENCH_PROMPTS (8), BENCH_N (8),
-# BENCH_NEW (128), BENCH_MICRO (32), BENCH_REPS (3), BENCH_THREADS (nproc), GPU_3B_PROMPTS (4),
-# GPU_3B_N (4), GPU_3B_NEW (64), GPU_3B_STEPS (2), GPU_3B_LORA_STEPS (GPU_3B_STEPS),
-# GPU_3B_LORA_RANK (16), GPU_3B_LORA_ALPHA (32), GPU_3B_LORA_REF (1; 0: no reference model and
-# no KL loss), PYTHON (python3), binaries: FLOWRL_BIN,
-# FLOWRL_MAKE_MODEL_BIN, FLOWRL_CUDA_TEST_BIN (else bench/gpu/bin/, unpacked from
+# The 3.75 B random weights are drawn on all cores (models/src/weights.rs `RandomInit`: parallel
+# chunks of one ChaCha stream), so on 16 cores a 3B step should start after seconds to tens of
+# seconds (not timed yet), not the ~100 s of the old one-thread draw; the bf16 rounding and the
+# upload stay serial.
+#
+# Settings (environment): GPU_BUDGET_<step> (e.g. GPU_BUDGET_3b=300: one step's budget), OUT,
+# GPU_CHECK_TOTAL_S (420), GPU_CHECK_PRECISION (f32: the precision of the default and benchmark
+# runs; bf16 runs both sides in bf16), GPU_MICRO_ARGS (more bench-gpu-micro arguments),
+# BENCH_PROMPTS (8), BENCH_N (8), BENCH_NEW (128), BENCH_MICRO (32), BENCH_REPS (3),
+# BENCH_THREADS (nproc), GPU_3B_PROMPTS (4), GPU_3B_N (4), GPU_3B_NEW (64), GPU_3B_STEPS (2),
+# GPU_3B_LORA_STEPS (GPU_3B_STEPS), GPU_3B_LORA_RANK (16), GPU_3B_LORA_ALPHA (32),
+# GPU_3B_LORA_REF (1; 0: no reference model and no KL loss), PYTHON (python3), CUDA_PATH (else
+# the first toolkit with include/cuda_bf16.h), binaries: FLOWRL_BIN, FLOWRL_MAKE_MODEL_BIN,
+# FLOWRL_CUDA_TEST_BIN, FLOWRL_MICRO_BIN (else bench/gpu/bin/, unpacked from
 # bench/gpu/bin.tar.gz, else target/release/).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -53,8 +64,8 @@ esac
 
 OUT="${OUT:-$root/bench/gpu/out}"
 case "$OUT" in /*) ;; *) OUT="$root/$OUT" ;; esac
-TOTAL=${GPU_CHECK_TOTAL_S:-480}
-RESERVE=10 # seconds kept for the summary at the end
+TOTAL=${GPU_CHECK_TOTAL_S:-420}
+RESERVE=10 # seconds kept for the summary and the cache archive at the end
 PREC=${GPU_CHECK_PRECISION:-f32}
 P=${BENCH_PROMPTS:-8}
 N=${BENCH_N:-8}
@@ -71,8 +82,10 @@ STEPS3L=${GPU_3B_LORA_STEPS:-$STEPS3}
 RANK3L=${GPU_3B_LORA_RANK:-16}
 ALPHA3L=${GPU_3B_LORA_ALPHA:-32}
 REF3L=${GPU_3B_LORA_REF:-1}
+read -r -a MICRO_ARGS <<< "${GPU_MICRO_ARGS:-}"
 work="$root/bench/work"
 model3="bench/gpu/qwen2_5_vl_3b"
+CACHE=bench/gpu/cache # cubecl's compiled kernels and autotune results (bench/gpu/cubecl.toml)
 
 # The sizes of both 3B steps (after `flowrl run bench/gpu/grpo_3b.toml`).
 SIZE3_SET=(--set nodes.data.batch_size="$P3" --set nodes.rollout.n="$N3" --set nodes.rollout.max_new_tokens="$NEW3"
@@ -89,21 +102,22 @@ if [ "$REF3L" = 1 ]; then
     --set nodes.update.inputs.ref_log_probs=ref.log_probs --set 'nodes.update.kl={estimator="low_var_kl", coef=0.001}')
 fi
 
-ORDER=(setup fixtures default prep bench_flowrl bench_ref 3b 3b_lora)
-declare -A BUDGET=([setup]=15 [fixtures]=60 [default]=70 [prep]=15 [bench_flowrl]=70 [bench_ref]=60 [3b]=110 [3b_lora]=70)
+ORDER=(setup micro 3b fixtures default prep bench_flowrl bench_ref 3b_lora)
+declare -A BUDGET=([setup]=10 [micro]=60 [3b]=240 [fixtures]=30 [default]=20 [prep]=5 [bench_flowrl]=15 [bench_ref]=15 [3b_lora]=15)
 declare -A TITLE=(
-  [setup]="setup: GPU, CUDA libraries, Python modules, precision parameter"
-  [fixtures]="1. fixture parity on CUDA (models/tests/cuda.rs)"
-  [default]="2. default graph, 20 steps on cuda"
-  [prep]="3. benchmark inputs: model (bench-make-model) and prompts"
-  [bench_flowrl]="3. benchmark shape on cuda: flowrl"
-  [bench_ref]="3. benchmark shape on cuda: transformers + torch"
-  [3b]="4. GRPO step of a Qwen2.5-VL-3B-sized random model"
-  [3b_lora]="5. LoRA GRPO step of the 3B-sized model (rank $RANK3L, all-linear)"
+  [setup]="setup: GPU, driver, CUDA toolkit, caches, Python modules, precision parameter"
+  [micro]="1. micro-benchmarks (bench-gpu-micro): launch, read, first pass, GEMMs"
+  [3b]="2. GRPO step of a Qwen2.5-VL-3B-sized random model"
+  [fixtures]="3. fixture parity and kernel checks on CUDA (models/tests/cuda.rs)"
+  [default]="4. default graph, 20 steps on cuda"
+  [prep]="5. benchmark inputs: model (bench-make-model) and prompts"
+  [bench_flowrl]="5. benchmark shape on cuda: flowrl"
+  [bench_ref]="5. benchmark shape on cuda: transformers + torch"
+  [3b_lora]="6. LoRA GRPO step of the 3B-sized model (rank $RANK3L, all-linear)"
 )
 budget_sum=0
 for s in "${ORDER[@]}"; do
-  v="GPU_BUDGET_$s" # e.g. GPU_BUDGET_3b=200 changes one step's budget
+  v="GPU_BUDGET_$s" # e.g. GPU_BUDGET_3b=300 changes one step's budget
   [ -n "${!v:-}" ] && BUDGET[$s]=${!v}
   budget_sum=$((budget_sum + BUDGET[$s]))
 done
@@ -138,11 +152,19 @@ TAR_LIST=""
 in_tar() { grep -qx "${1#bench/gpu/}" <<< "$TAR_LIST"; }
 unpack_bins() {
   [ -f bench/gpu/bin.tar.gz ] || return 0
+  local has_cache=0
+  grep -q '^cache/' <<< "$TAR_LIST" && has_cache=1
   if [ "$DRY" = 1 ]; then
-    echo "  bench/gpu/bin.tar.gz holds: $(grep -v '/$' <<< "$TAR_LIST" | tr '\n' ' ')"
-    echo "  (a real run unpacks it: tar xzf bench/gpu/bin.tar.gz -C bench/gpu)"
+    echo "  bench/gpu/bin.tar.gz holds: $(grep -v '/$' <<< "$TAR_LIST" | grep -v '^cache/' | tr '\n' ' ')"
+    [ "$has_cache" = 1 ] && echo "  and a kernel/autotune cache: $(grep -c '^cache/.*[^/]$' <<< "$TAR_LIST") files under cache/"
+    echo "  (a real run unpacks it: tar xzf bench/gpu/bin.tar.gz -C bench/gpu; its cache/ only where bench/gpu/cache does not exist)"
   else
-    tar xzf bench/gpu/bin.tar.gz -C bench/gpu || echo "warning: could not unpack bench/gpu/bin.tar.gz"
+    tar xzf bench/gpu/bin.tar.gz -C bench/gpu --exclude='cache' --exclude='cache/*' || echo "warning: could not unpack bench/gpu/bin.tar.gz"
+    # The archive's cache seeds an absent one; a cache already here (an earlier run on this
+    # machine) is newer than the archive's copy and is kept.
+    if [ "$has_cache" = 1 ] && [ ! -d "$CACHE" ]; then
+      tar xzf bench/gpu/bin.tar.gz -C bench/gpu cache || echo "warning: could not unpack the cache of bench/gpu/bin.tar.gz"
+    fi
   fi
 }
 
@@ -171,8 +193,41 @@ pick_test_bin() {
   echo "$c"
 }
 
+# --- the kernel and autotune caches -----------------------------------------------------------
+# Entries: compiled kernels (lines of the PTX / SPIR-V tables of contents) and autotune results.
+cache_counts() {
+  local k=0 a=0 f
+  for f in "$CACHE"/cuda/*/ptx/toc.json.log "$CACHE"/vulkan/*/spirv/toc.json.log; do
+    [ -f "$f" ] && k=$((k + $(wc -l < "$f")))
+  done
+  for f in "$CACHE"/autotune/*/*/*.json.log; do
+    [ -f "$f" ] && a=$((a + $(wc -l < "$f")))
+  done
+  echo "$k $a"
+}
+# The binaries' fingerprint: compiled kernels are only valid for the build that compiled them
+# (cubecl keys them by kernel type name, not source).
+build_stamp() {
+  local b
+  for b in "$FLOWRL" "$CUDA_TEST" "$MICRO_BIN"; do
+    [ -n "$b" ] && [ -f "$b" ] && sha256sum "$b"
+  done | awk '{print $1}' | sha256sum | cut -c1-16
+}
+CUBECL_TOML_OURS=0
+cleanup() {
+  [ -n "${MEM_PID:-}" ] && kill "$MEM_PID" 2> /dev/null
+  [ -n "${PY_PID:-}" ] && kill "$PY_PID" 2> /dev/null
+  if [ "$CUBECL_TOML_OURS" = 1 ] && cmp -s "$root/cubecl.toml" "$root/bench/gpu/cubecl.toml"; then
+    rm -f "$root/cubecl.toml"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
 # --- one step -------------------------------------------------------------------------------
 MEM_PID=""
+PY_PID=""
 HAVE_SMI=0
 command -v nvidia-smi > /dev/null 2>&1 && HAVE_SMI=1
 TIMEBIN=""
@@ -193,14 +248,13 @@ mem_stop() { # prints the peak MiB of file $1 ("" when nothing was sampled)
   fi
   grep -E '^[ 0-9]+$' "$1" 2> /dev/null | tr -d ' ' | sort -n | tail -1
 }
-trap '[ -n "$MEM_PID" ] && kill "$MEM_PID" 2>/dev/null' EXIT
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
-# record ID STATUS RC WALL TIMEOUT PEAK LOG NOTE: one line of steps.tsv.
+# record ID STATUS RC WALL TIMEOUT PEAK LOG NOTE [CACHE]: one line of steps.tsv.
 record() {
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "${TITLE[$1]}" "$2" "$3" "$4" "$5" "$6" "$7" "$8" >> "$OUT/steps.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "${TITLE[$1]}" "$2" "$3" "$4" "$5" "$6" "$7" "$8" "${9:-}" >> "$OUT/steps.tsv"
 }
 
 print_cmd() {
@@ -214,8 +268,8 @@ print_cmd() {
   echo "${out% }"
 }
 
-# run_step ID LOG NOTE CMD...: runs CMD under its timeout with the memory sampler, records it.
-# Sets STEP_RC and STEP_WALL.
+# run_step ID LOG NOTE CMD...: runs CMD under its timeout with the memory sampler, records it
+# with the kernels it compiled into the cache. Sets STEP_RC and STEP_WALL.
 run_step() {
   local id=$1 log=$2 note=$3
   shift 3
@@ -226,7 +280,7 @@ run_step() {
     STEP_RC=0
     return 0
   fi
-  local to peak t0 t1 status cmd=("$@")
+  local to peak t0 t1 status c0 c1 cache_note cmd=("$@")
   to=$(step_timeout "$id")
   if [ "$to" -lt 5 ]; then
     echo "== [$id] SKIPPED: no time left (${to}s)"
@@ -238,6 +292,7 @@ run_step() {
   echo "== [$id] ${TITLE[$id]} (timeout ${to}s; elapsed $((SECONDS - T0))s of ${TOTAL}s)"
   echo "   \$ $(print_cmd "$@")"
   { echo "\$ $(print_cmd "$@")"; echo "# timeout ${to}s"; } > "$log"
+  read -r -a c0 <<< "$(cache_counts)"
   mem_start "$OUT/$id.mem"
   t0=$(now)
   timeout -k 5 "$to" "${cmd[@]}" >> "$log" 2>&1 < /dev/null
@@ -245,13 +300,18 @@ run_step() {
   t1=$(now)
   peak=$(mem_stop "$OUT/$id.mem")
   STEP_WALL=$(secs "$t0" "$t1")
+  # A process killed while it held a cache file's lock leaves the lock behind, and the next
+  # process would wait up to 30 s for it (cubecl-common 0.10.0 src/cache_file.rs).
+  find "$CACHE" -name '*.lock' -type f -delete 2> /dev/null
+  read -r -a c1 <<< "$(cache_counts)"
+  cache_note="+$((c1[0] - c0[0])) kernels compiled (${c1[0]} cached), +$((c1[1] - c0[1])) autotune keys (${c1[1]})"
   case "$STEP_RC" in
     0) status=ok ;;
     124|137) status=TIMEOUT ;;
     *) status=FAILED ;;
   esac
-  record "$id" "$status" "$STEP_RC" "$STEP_WALL" "$to" "$peak" "$log" "$note"
-  echo "   $status (rc $STEP_RC) in ${STEP_WALL}s, peak GPU memory ${peak:-?} MiB; elapsed $((SECONDS - T0))s of ${TOTAL}s"
+  record "$id" "$status" "$STEP_RC" "$STEP_WALL" "$to" "$peak" "$log" "$note" "$cache_note"
+  echo "   $status (rc $STEP_RC) in ${STEP_WALL}s, peak GPU memory ${peak:-?} MiB; $cache_note; elapsed $((SECONDS - T0))s of ${TOTAL}s"
   [ "$status" = ok ] || tail -n 5 "$log" | sed 's/^/   | /'
   return 0
 }
@@ -265,6 +325,15 @@ skip_step() { # ID REASON
   fi
   echo "== [$1] SKIPPED: $2"
   record "$1" SKIPPED "" "" "" "" "" "$2"
+}
+
+# A CUDA step is skipped when the micro step failed on a machine that cannot run this build's
+# kernels (driver older than R580 or no toolkit headers; setup says which).
+CUDA_SKIP=""
+cuda_ok() { # ID: 0 when the step may run
+  [ -z "$CUDA_SKIP" ] && return 0
+  skip_step "$1" "$CUDA_SKIP"
+  return 1
 }
 
 header() { # ID: the dry run's line for a step
@@ -297,14 +366,17 @@ if [ "$DRY" = 1 ]; then
 else
   mkdir -p "$OUT" "$work"
   : > "$OUT/steps.tsv"
+  : > "$OUT/micro.jsonl"
 fi
 unpack_bins
 FLOWRL=$(pick_bin "${FLOWRL_BIN:-}" flowrl)
 MAKE_MODEL=$(pick_bin "${FLOWRL_MAKE_MODEL_BIN:-}" bench-make-model)
 CUDA_TEST=$(pick_test_bin)
+MICRO_BIN=$(pick_bin "${FLOWRL_MICRO_BIN:-}" bench-gpu-micro)
 need "${FLOWRL:-target/release/flowrl}" "flowrl, built with --features cuda"
 need "${MAKE_MODEL:-target/release/bench-make-model}" "bench-make-model, from -p flowrl-bench"
 need "${CUDA_TEST:-target/release/deps/cuda-<hash>}" "test executable of models/tests/cuda.rs"
+need "${MICRO_BIN:-target/release/bench-gpu-micro}" "bench-gpu-micro, from -p flowrl-bench --features cuda,vulkan"
 [ "$DRY" = 1 ] && echo "inputs:"
 for f in graphs/grpo_vlm.toml bench/grpo_bench.toml bench/gpu/grpo_3b.toml bench/model_config.json \
   "$model3/config.json" bench/preprocessor_config.json assets/tiny-qwen2-vl/config.json \
@@ -312,7 +384,7 @@ for f in graphs/grpo_vlm.toml bench/grpo_bench.toml bench/gpu/grpo_3b.toml bench
   assets/tiny-qwen2-vl/tokenizer_config.json datasets/shapes/train.parquet datasets/shapes/test.parquet \
   tests/fixtures/models/qwen2_vl tests/fixtures/models/qwen2_5_vl tests/fixtures/models/gemma4 \
   bench/python/make_prompts.py bench/python/ref_rows.py bench/python/common.py \
-  bench/gpu/prompts.parquet bench/gpu/prompts.json bench/gpu/summarize.py; do
+  bench/gpu/prompts.parquet bench/gpu/prompts.json bench/gpu/summarize.py bench/gpu/cubecl.toml; do
   need "$f" "input"
 done
 
@@ -321,18 +393,48 @@ for c in ${PYTHON:-} python3 python; do
   command -v "$c" > /dev/null 2>&1 && { PY=$c; break; }
 done
 
-# The dry run also checks the graphs the way the run will use them (flowrl validate is cheap).
+# The dry run also checks the graphs the way the run will use them (flowrl validate is cheap),
+# and the cubecl configuration and caches.
 if [ "$DRY" = 1 ]; then
   echo "tools:"
-  for t in timeout nvidia-smi tar awk "${PY:-python3}"; do
+  for t in timeout nvidia-smi tar awk sha256sum "${PY:-python3}"; do
     if command -v "$t" > /dev/null 2>&1; then echo "  ok       $t"; else echo "  absent   $t$([ "$t" = nvidia-smi ] && echo ' (expected without a GPU: memory is then not sampled)')"; fi
   done
   if [ -n "$PY" ]; then
-    echo "  $PY modules here (the GPU machine's are probed in setup): $("$PY" - << 'EOF' 2>/dev/null
+    echo "  $PY modules here (the GPU machine's are probed in setup): $("$PY" - << 'PYEOF' 2>/dev/null
 import importlib.util as u
 print(", ".join(f"{m} {'yes' if u.find_spec(m) else 'no'}" for m in ["torch", "transformers", "pyarrow", "PIL", "trl"]))
-EOF
+PYEOF
 )"
+  fi
+  echo "cubecl configuration and caches:"
+  if [ -n "$PY" ] && msg=$("$PY" - bench/gpu/cubecl.toml << 'PYEOF' 2>&1
+import sys, tomllib
+c = tomllib.load(open(sys.argv[1], "rb"))
+comp, tune = c["compilation"]["cache"], c["autotune"]["cache"]
+assert comp == {"file": "bench/gpu/cache"} and tune == {"file": "bench/gpu/cache"}, (comp, tune)
+print(f"[compilation] cache = {comp}, [autotune] cache = {tune}")
+PYEOF
+  ); then
+    echo "  ok       bench/gpu/cubecl.toml: $msg"
+  else
+    echo "  WARNING  bench/gpu/cubecl.toml does not parse or has other caches: $msg"
+  fi
+  if [ -e cubecl.toml ] && ! cmp -s cubecl.toml bench/gpu/cubecl.toml; then
+    echo "  WARNING  ./cubecl.toml exists and differs from bench/gpu/cubecl.toml: the run would use it as it is"
+  else
+    echo "  the run copies it to ./cubecl.toml (removed at exit): every process it starts, in the root, uses $CACHE"
+  fi
+  read -r -a cc <<< "$(cache_counts)"
+  if [ -d "$CACHE" ]; then
+    echo "  $CACHE here: ${cc[0]} compiled kernels, ${cc[1]} autotune results; stamp $(cat "$CACHE/BUILD" 2> /dev/null || echo none)"
+    if [ -f "${FLOWRL:-/nonexistent}" ] || [ -f "${MICRO_BIN:-/nonexistent}" ]; then
+      echo "  (the run wipes the compiled kernels unless the stamp is that of the binaries it runs: $(build_stamp))"
+    else
+      echo "  (the run wipes the compiled kernels unless the stamp is that of the binaries it runs, once unpacked)"
+    fi
+  else
+    echo "  no $CACHE here: the run starts it (pack.sh carries one in bin.tar.gz when bench/gpu/cache holds CUDA entries)"
   fi
   checker=$FLOWRL
   [ -n "$checker" ] && [ -x "$checker" ] || checker=target/release/flowrl
@@ -358,6 +460,13 @@ EOF
       echo "  --device cuda: $(tail -n 3 <<< "$cuda_msg" | tr '\n' ' ')"
     fi
   fi
+  if [ -n "$MICRO_BIN" ] && [ -x "$MICRO_BIN" ]; then
+    if msg=$("$MICRO_BIN" --help 2>&1) && grep -q "built with: cuda" <<< "$msg"; then
+      echo "  $MICRO_BIN: $(tail -n 1 <<< "$msg")"
+    else
+      echo "  WARNING: $MICRO_BIN is built without CUDA ($(tail -n 1 <<< "$msg"); build it with --features cuda,vulkan)"
+    fi
+  fi
 fi
 
 # --- setup ----------------------------------------------------------------------------------
@@ -365,12 +474,20 @@ header setup
 PREC_KEY=""   # the model resource's precision parameter: precision, dtype, or none
 BF16_OK=0
 HAVE_TORCH=0 HAVE_TF=0 HAVE_PYARROW=0 HAVE_PIL=0
+DRIVER_OLD=0  # the driver is older than R580: CUDA 13's PTX does not load
+HEADERS_OK=1  # $CUDA_PATH/include has cuda_bf16.h (cubecl-cuda's NVRTC include path)
+SETUP_NOTES=()
 if [ "$DRY" = 1 ]; then
   DRY_T=$((DRY_T + BUDGET[setup]))
   echo "  \$ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $OUT/env.txt"
-  echo "  \$ ${PY:-python3} -c 'import torch, transformers, pyarrow, PIL, trl ...'   (versions, cuda available)"
+  echo "    driver R580+ for CUDA 13 PTX: older, and the CUDA steps are skipped if the micro step then fails"
+  echo "  CUDA_PATH: \$CUDA_PATH, /usr/local/cuda, /opt/cuda or /usr (nvcc) as cubecl-cuda looks for it; exported as the"
+  echo "    first /usr/local/cuda-13*, /usr/local/cuda-12* with include/cuda_bf16.h when those lack it; checks"
+  echo "    include/cuda_bf16.h and include/cuda/ptx (or include/cccl/cuda/ptx); libcuda, NVRTC, NCCL (ldconfig -p, pip nvidia/nccl)"
+  echo "  cp bench/gpu/cubecl.toml cubecl.toml; $CACHE/BUILD = sha256 of the binaries (a different one wipes the compiled kernels)"
   echo "  \$ flowrl validate graphs/grpo_vlm.toml --device cuda --set models.policy.{precision,dtype}={bf16,f32}   (which precision parameter the build has)"
   echo "  copy assets/tiny-qwen2-vl/{tokenizer.json,tokenizer_config.json}, chat_template.jinja (from tokenizer_config.json) and bench/preprocessor_config.json into $model3/"
+  echo "  (after the micro step, in the background: ${PY:-python3} -c 'import torch, transformers, pyarrow, PIL, trl ...', versions)"
 else
   setup_t0=$(now)
   {
@@ -379,53 +496,92 @@ else
     echo "cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
     echo "== nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv"
     timeout 15 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "(nvidia-smi failed or absent)"
+    echo "== nvidia-smi: $(timeout 10 nvidia-smi 2> /dev/null | grep -o 'CUDA Version: [0-9.]*' | head -1)"
     echo "== nvcc"
     (command -v nvcc > /dev/null && nvcc --version | tail -n 2) || echo "(no nvcc on PATH)"
   } > "$OUT/env.txt" 2>&1
-  # cudarc loads libcuda and NVRTC at run time: add the toolkit's library folders if present.
-  for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # CUDA 13's NVRTC emits PTX that drivers before R580 cannot load (cuModuleLoadData fails).
+  drv=$(timeout 10 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2> /dev/null | head -1 | tr -d ' ')
+  drv_major=${drv%%.*}
+  if [[ "$drv_major" =~ ^[0-9]+$ ]] && [ "$drv_major" -lt 580 ]; then
+    DRIVER_OLD=1
+    SETUP_NOTES+=("driver $drv < R580: CUDA 13 PTX will not load (the CUDA steps are skipped if the micro step fails)")
+  fi
+  # cubecl-cuda's NVRTC include path: CUDA_PATH, else /usr/local/cuda, /opt/cuda, /usr (with
+  # /usr/bin/nvcc); it panics when none exists (cubecl-cuda 0.10.0 src/lib.rs). A toolkit only at
+  # /usr/local/cuda-13.0 needs CUDA_PATH.
+  cubecl_cuda_path() {
+    if [ -n "${CUDA_PATH:-}" ]; then echo "$CUDA_PATH"
+    elif [ -e /usr/local/cuda ]; then echo /usr/local/cuda
+    elif [ -e /opt/cuda ]; then echo /opt/cuda
+    elif [ -e /usr/bin/nvcc ]; then echo /usr
+    fi
+  }
+  cuda_path=$(cubecl_cuda_path)
+  if [ -z "$cuda_path" ] || [ ! -f "$cuda_path/include/cuda_bf16.h" ]; then
+    for c in /usr/local/cuda-13.0 /usr/local/cuda-13* /usr/local/cuda-12* /opt/cuda-*; do
+      if [ -f "$c/include/cuda_bf16.h" ]; then
+        export CUDA_PATH=$c
+        SETUP_NOTES+=("CUDA_PATH=$c exported (cubecl would have used ${cuda_path:-nothing})")
+        cuda_path=$c
+        break
+      fi
+    done
+  fi
+  ptx_header=""
+  for c in "$cuda_path/include/cuda/ptx" "$cuda_path/include/cccl/cuda/ptx"; do
+    [ -n "$cuda_path" ] && [ -f "$c" ] && { ptx_header=$c; break; }
   done
+  if [ -z "$cuda_path" ] || [ ! -f "$cuda_path/include/cuda_bf16.h" ]; then
+    HEADERS_OK=0
+    SETUP_NOTES+=("no CUDA toolkit headers (cuda_bf16.h) under ${cuda_path:-any CUDA_PATH}: cubecl cannot compile kernels")
+  elif [ -z "$ptx_header" ]; then
+    SETUP_NOTES+=("no cuda/ptx header under $cuda_path/include (TMA and pipelined matmul kernels need it)")
+  fi
+  # cudarc loads libcuda and NVRTC at run time: add the toolkit's library folders if present.
+  for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /usr/local/cuda/targets/x86_64-linux/lib ${cuda_path:+"$cuda_path/lib64"}; do
+    [ -d "$d" ] && case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
+  done
+  # The kernel and autotune caches: bench/gpu/cubecl.toml at the root for this run.
+  if [ -e cubecl.toml ] && ! cmp -s cubecl.toml bench/gpu/cubecl.toml; then
+    SETUP_NOTES+=("./cubecl.toml differs from bench/gpu/cubecl.toml and is used as it is: the caches are where it says")
+  else
+    cp bench/gpu/cubecl.toml cubecl.toml && CUBECL_TOML_OURS=1
+  fi
+  stamp=$(build_stamp)
+  read -r -a cc <<< "$(cache_counts)"
+  if [ "$(cat "$CACHE/BUILD" 2> /dev/null)" != "$stamp" ] && [ "${cc[0]}" -gt 0 ]; then
+    rm -rf "$CACHE/cuda" "$CACHE/vulkan"
+    cache_state="${cc[0]} compiled kernels wiped (other binaries: stamp $(cat "$CACHE/BUILD" 2> /dev/null || echo none), now $stamp); ${cc[1]} autotune results kept"
+  else
+    cache_state="${cc[0]} compiled kernels and ${cc[1]} autotune results at start (stamp $stamp)"
+  fi
+  mkdir -p "$CACHE" && echo "$stamp" > "$CACHE/BUILD"
+  find "$CACHE" -name '*.lock' -type f -delete 2> /dev/null
   {
-    echo "== libraries (ldconfig -p | grep -E 'libcuda.so|libnvrtc')"
-    ldconfig -p 2> /dev/null | grep -E 'libcuda\.so|libnvrtc' | head -n 8
+    echo "== driver: ${drv:-?} (R580+ needed for CUDA 13 PTX: $(if [ -z "$drv" ]; then echo unknown; elif [ "$DRIVER_OLD" = 1 ]; then echo NO; else echo yes; fi))"
+    echo "== CUDA toolkit for NVRTC: CUDA_PATH=${CUDA_PATH:-(unset)}; cubecl uses ${cuda_path:-(none: it panics)}"
+    for h in cuda_bf16.h cuda_fp16.h cuda_runtime.h; do
+      [ -n "$cuda_path" ] && [ -f "$cuda_path/include/$h" ] && echo "  $cuda_path/include/$h" || echo "  (no $h)"
+    done
+    echo "  cuda/ptx: ${ptx_header:-(absent)}"
+    ls -d /usr/local/cuda* 2> /dev/null | tr '\n' ' '; echo
+    echo "== libraries (ldconfig -p | grep -E 'libcuda.so|libnvrtc|nccl')"
+    ldconfig -p 2> /dev/null | grep -E 'libcuda\.so|libnvrtc|nccl' | head -n 12
     ls /usr/local/cuda*/lib64/libnvrtc.so* 2> /dev/null | head -n 4
+    if [ -n "$PY" ]; then
+      echo "pip nvidia/nccl: $(timeout 10 "$PY" -c 'import glob, importlib.util as u; s = u.find_spec("nvidia.nccl"); ds = list(s.submodule_search_locations) if s else []; print(" ".join(ds + sorted(f for d in ds for f in glob.glob(d + "/lib/libnccl*"))) or "(no nvidia.nccl)")' 2>&1 | tail -n 1)"
+    fi
     echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     echo "CUBECL_AUTOTUNE_LEVEL=${CUBECL_AUTOTUNE_LEVEL:-(unset: balanced)}"
+    echo "== cubecl caches: ./cubecl.toml ($([ "$CUBECL_TOML_OURS" = 1 ] && echo "bench/gpu/cubecl.toml, for this run" || echo "not bench/gpu/cubecl.toml: used as it is")) -> $CACHE: $cache_state"
     echo "== binaries"
-    for b in "$FLOWRL" "$MAKE_MODEL" "$CUDA_TEST"; do [ -n "$b" ] && ls -l "$b"; done
+    for b in "$FLOWRL" "$MAKE_MODEL" "$CUDA_TEST" "$MICRO_BIN"; do [ -n "$b" ] && ls -l "$b"; done
     [ -f bench/gpu/bin/BUILD_INFO ] && { echo "== bench/gpu/bin/BUILD_INFO"; cat bench/gpu/bin/BUILD_INFO; }
+    echo "== setup notes"
+    printf '%s\n' "${SETUP_NOTES[@]}"
   } >> "$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
-  if [ -n "$PY" ]; then
-    timeout 30 "$PY" - > "$OUT/python.json" 2> "$OUT/python.log" << 'EOF'
-import importlib, importlib.util, json, sys
-out = {"python": sys.version.split()[0], "executable": sys.executable}
-for m in ["torch", "transformers", "pyarrow", "PIL", "torchvision", "trl"]:
-    if importlib.util.find_spec(m) is None:
-        out[m] = None
-        continue
-    try:
-        out[m] = getattr(importlib.import_module(m), "__version__", "yes")
-    except Exception as e:  # noqa: BLE001
-        out[m] = None
-        out[m + "_error"] = repr(e)[:200]
-if out.get("torch"):
-    import torch
-    out["torch_cuda"] = torch.version.cuda
-    out["cuda_available"] = torch.cuda.is_available()
-    if out["cuda_available"]:
-        out["torch_device"] = torch.cuda.get_device_name(0)
-print(json.dumps(out))
-EOF
-    echo "python: $(cat "$OUT/python.json" 2> /dev/null)"
-    grep -q '"torch": "' "$OUT/python.json" 2> /dev/null && HAVE_TORCH=1
-    grep -q '"transformers": "' "$OUT/python.json" 2> /dev/null && HAVE_TF=1
-    grep -q '"pyarrow": "' "$OUT/python.json" 2> /dev/null && HAVE_PYARROW=1
-    grep -q '"PIL": "' "$OUT/python.json" 2> /dev/null && HAVE_PIL=1
-  else
-    echo '{"python": null}' > "$OUT/python.json"
-  fi
   # Which precision parameter the model resource has (validation only: exit 78 on an unknown key).
   if [ -n "$FLOWRL" ]; then
     for try in "precision bf16" "precision f32" "dtype bf16" "dtype f32"; do
@@ -447,9 +603,54 @@ EOF
     "$PY" -c 'import json, sys; open(sys.argv[2], "w").write(json.load(open(sys.argv[1]))["chat_template"])' \
       assets/tiny-qwen2-vl/tokenizer_config.json "$model3/chat_template.jinja"
   fi
-  record setup ok 0 "$(secs "$setup_t0" "$(now)")" "${BUDGET[setup]}" "" "$OUT/env.txt" \
-    "precision parameter ${PREC_KEY:-none}, bf16 ${BF16_OK}"
+  setup_note="precision parameter ${PREC_KEY:-none}, bf16 ${BF16_OK}; driver ${drv:-?}; CUDA_PATH ${cuda_path:-none}"
+  [ "${#SETUP_NOTES[@]}" -gt 0 ] && setup_note+="; $(printf '%s; ' "${SETUP_NOTES[@]}")"
+  record setup ok 0 "$(secs "$setup_t0" "$(now)")" "${BUDGET[setup]}" "" "$OUT/env.txt" "${setup_note%; }" "$cache_state"
 fi
+
+# The Python probe (versions of torch, transformers, ...; importing torch takes seconds) runs in
+# the background from after the micro step; py_wait collects it before the first step that
+# needs it.
+py_start() {
+  [ "$DRY" = 0 ] || return 0
+  if [ -z "$PY" ]; then
+    echo '{"python": null}' > "$OUT/python.json"
+    return 0
+  fi
+  timeout 60 "$PY" - > "$OUT/python.json" 2> "$OUT/python.log" << 'PYEOF' &
+import importlib, importlib.util, json, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+for m in ["torch", "transformers", "pyarrow", "PIL", "torchvision", "trl"]:
+    if importlib.util.find_spec(m) is None:
+        out[m] = None
+        continue
+    try:
+        out[m] = getattr(importlib.import_module(m), "__version__", "yes")
+    except Exception as e:  # noqa: BLE001
+        out[m] = None
+        out[m + "_error"] = repr(e)[:200]
+if out.get("torch"):
+    import torch
+    out["torch_cuda"] = torch.version.cuda
+    # (no device query: it would create a CUDA context next to the running step)
+    out["cuda_available"] = torch.cuda.is_available()
+print(json.dumps(out))
+PYEOF
+  PY_PID=$!
+}
+py_wait() {
+  [ "$DRY" = 0 ] || return 0
+  if [ -n "$PY_PID" ]; then
+    wait "$PY_PID" 2> /dev/null
+    PY_PID=""
+  fi
+  echo "python: $(cat "$OUT/python.json" 2> /dev/null)"
+  grep -q '"torch": "' "$OUT/python.json" 2> /dev/null && HAVE_TORCH=1
+  grep -q '"transformers": "' "$OUT/python.json" 2> /dev/null && HAVE_TF=1
+  grep -q '"pyarrow": "' "$OUT/python.json" 2> /dev/null && HAVE_PYARROW=1
+  grep -q '"PIL": "' "$OUT/python.json" 2> /dev/null && HAVE_PIL=1
+  return 0
+}
 
 # The --set of the default and benchmark runs' precision, and the matching torch dtype.
 PREC_SET=()
@@ -463,28 +664,102 @@ else
 fi
 case "$PREC" in bf16) TORCH_DTYPE=bfloat16 ;; *) TORCH_DTYPE=float32 ;; esac
 
-# --- 1. fixture parity ------------------------------------------------------------------------
+# --- 1. micro-benchmarks ----------------------------------------------------------------------
+header micro
+if [ -n "$MICRO_BIN" ] || [ "$DRY" = 1 ]; then
+  micro_to=$(step_timeout micro)
+  [ "$DRY" = 1 ] && micro_to=${BUDGET[micro]}
+  # bench-gpu-micro starts no new measurement after this; a quarter of the timeout is left for
+  # the one in flight (a new autotune key of a large GEMM can take seconds).
+  MICRO_BUDGET=$((micro_to * 3 / 4))
+  run_step micro "$OUT/micro.log" "launch, read, elementwise, first pass of a 2-layer slice of the 3B, bf16 GEMMs at the 3B's shapes (M 4096, 512, 26624); measurements started within ${MICRO_BUDGET}s" \
+    env RAYON_NUM_THREADS="$THREADS" "${MICRO_BIN:-target/release/bench-gpu-micro}" --device cuda \
+    --budget-s "$MICRO_BUDGET" --jsonl "$OUT/micro.jsonl" "${MICRO_ARGS[@]}"
+  # A failure (not a timeout) on a machine whose driver or toolkit setup flagged: the CUDA steps
+  # would all fail the same way, so they are skipped and the time is left to the rest.
+  if [ "$DRY" = 0 ] && [ "$STEP_RC" != 0 ] && [ "$STEP_RC" != 124 ] && [ "$STEP_RC" != 137 ] &&
+    [ "$STEP_RC" != 999 ] && { [ "$DRIVER_OLD" = 1 ] || [ "$HEADERS_OK" = 0 ]; }; then
+    if [ "$DRIVER_OLD" = 1 ]; then
+      CUDA_SKIP="the micro step failed (rc $STEP_RC) and the driver ($drv) is older than R580, which CUDA 13 PTX needs (a build with CUDARC_CUDA_VERSION=12080 may run)"
+    else
+      CUDA_SKIP="the micro step failed (rc $STEP_RC) and no CUDA toolkit headers were found (set CUDA_PATH)"
+    fi
+    echo "   $CUDA_SKIP: the other CUDA steps are skipped"
+  fi
+  [ "$DRY" = 1 ] && echo "    (bench-gpu-micro --budget-s is 3/4 of the step's timeout; records go to micro.jsonl as they are measured)"
+else
+  skip_step micro "no bench-gpu-micro binary (FLOWRL_MICRO_BIN, bench/gpu/bin/bench-gpu-micro, target/release/bench-gpu-micro)"
+fi
+py_start
+
+# --- 2. Qwen2.5-VL-3B-sized random model -------------------------------------------------------
+header 3b
+SIZES3="$P3 prompts x n $N3, $NEW3 new tokens, micro-batch $MICRO3, $STEPS3 steps"
+# Both 3B steps read the same prompts: the shipped 8 rows of bench/gpu/prompts.parquet (the
+# benchmark's first 8, made with make_prompts.py ... 8 224), or for more than 8 prompts
+# bench/work/prompts.parquet, which prep makes (so only on a second run).
+data3=(--set nodes.data.path=bench/gpu/prompts.parquet)
+[ "$P3" -gt 8 ] && data3=(--set "nodes.data.path=$work/prompts.parquet")
+run3() { # STEP_ID STEPS OUT_DIR LOG NOTE SET...: flowrl run bench/gpu/grpo_3b.toml at SIZE3_SET
+  local id=$1 steps=$2 dir=$3 log=$4 note=$5
+  shift 5
+  run_step "$id" "$log" "$note" \
+    env RAYON_NUM_THREADS="$THREADS" "${FLOWRL:-target/release/flowrl}" run bench/gpu/grpo_3b.toml \
+    --device cuda --out "$dir" --force --steps "$steps" "${SIZE3_SET[@]}" "${data3[@]}" "$@"
+}
+retry=0
+if { [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; } && cuda_ok 3b; then
+  key=${PREC_KEY:-precision}
+  run3 3b "$STEPS3" "$OUT/3b" "$OUT/3b.log" "$SIZES3; bf16 (models.policy.$key=bf16)" --set "models.policy.$key=bf16"
+  # A configuration error (exit 78: no bf16 on this build), or a quick failure that names the
+  # precision: rerun in f32.
+  if [ "$DRY" = 0 ] && [ "$STEP_RC" != 0 ] && [ "$STEP_RC" != 124 ] && [ "$STEP_RC" != 137 ] && [ "$STEP_RC" != 999 ]; then
+    [ "$STEP_RC" = 78 ] && retry=1
+    # (the log's first two lines are the command and its timeout)
+    awk -v w="$STEP_WALL" 'BEGIN { exit !(w < 60) }' && tail -n +3 "$OUT/3b.log" | grep -qiE 'bf16|precision|dtype' && retry=1
+  fi
+  if [ "$DRY" = 1 ]; then
+    echo "    if it exits 78 (no bf16 on this build), or fails quickly naming the precision, rerun in f32:"
+    DRY_T=$((DRY_T - BUDGET[3b]))
+  fi
+  if [ "$retry" = 1 ]; then
+    # The bf16 attempt's line of steps.tsv: a refusal, not the step's result.
+    awk -F'\t' -v OFS='\t' -v n="$(wc -l < "$OUT/steps.tsv")" 'NR == n { $3 = "bf16 refused" } { print }' \
+      "$OUT/steps.tsv" > "$OUT/steps.tsv.new" && mv "$OUT/steps.tsv.new" "$OUT/steps.tsv"
+    echo "   bf16 refused (rc $STEP_RC): rerun in f32"
+  fi
+  if [ "$retry" = 1 ] || [ "$DRY" = 1 ]; then
+    if [ -n "$PREC_KEY" ]; then f32set=(--set "models.policy.$PREC_KEY=f32"); else f32set=(); fi
+    [ "$DRY" = 1 ] && f32set=(--set "models.policy.precision=f32")
+    run3 3b "$STEPS3" "$OUT/3b_f32" "$OUT/3b_f32.log" "$SIZES3; f32 (bf16 attempt exited $STEP_RC)" "${f32set[@]}"
+  fi
+elif [ -z "$FLOWRL" ]; then
+  skip_step 3b "no flowrl binary"
+fi
+
+# --- 3. fixture parity and kernel checks ------------------------------------------------------
 header fixtures
 if [ -n "$CUDA_TEST" ] || [ "$DRY" = 1 ]; then
-  run_step fixtures "$OUT/fixtures.log" "f32 (and bf16 where present) parity against transformers" \
+  cuda_ok fixtures && run_step fixtures "$OUT/fixtures.log" "f32 parity against transformers at TF32 tolerances; flowrl's kernels against their composites" \
     env FLOWRL_MODEL_FIXTURES="$root/tests/fixtures/models" RUST_BACKTRACE=1 \
     "${CUDA_TEST:-target/release/deps/cuda-HASH}" --test-threads 1
 else
   skip_step fixtures "no test executable of models/tests/cuda.rs (FLOWRL_CUDA_TEST_BIN, bench/gpu/bin/cuda-test, target/release/deps/cuda-*)"
 fi
 
-# --- 2. default graph -----------------------------------------------------------------------
+# --- 4. default graph -----------------------------------------------------------------------
 header default
 if [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; then
-  run_step default "$OUT/default_cuda.log" "$PREC_NOTE" \
+  cuda_ok default && run_step default "$OUT/default_cuda.log" "$PREC_NOTE" \
     env RAYON_NUM_THREADS="$THREADS" "${FLOWRL:-target/release/flowrl}" run graphs/grpo_vlm.toml \
     --device cuda --steps 20 --out "$OUT/default_cuda" --force "${PREC_SET[@]}"
 else
   skip_step default "no flowrl binary"
 fi
 
-# --- 3. benchmark shape -----------------------------------------------------------------------
+# --- 5. benchmark shape -----------------------------------------------------------------------
 header prep
+py_wait
 max_p=$P
 [ "$P3" -gt "$max_p" ] && max_p=$P3
 REF_PROMPTS="$work/prompts.parquet"
@@ -500,11 +775,12 @@ else
   prep_t0=$(now)
   prep_note=""
   prep_status=ok
+  prep_to() { local t; t=$(step_timeout prep); [ "$t" -lt 5 ] && t=5; echo "$t"; }
   {
     if [ ! -f "$work/model/model.safetensors" ]; then
       if [ -n "$MAKE_MODEL" ]; then
         echo "\$ $MAKE_MODEL bench/model_config.json $work/model 0"
-        timeout "$(step_timeout prep)" "$MAKE_MODEL" bench/model_config.json "$work/model" 0
+        timeout "$(prep_to)" "$MAKE_MODEL" bench/model_config.json "$work/model" 0
         echo "(rc $?)"
       else
         echo "no bench-make-model binary"
@@ -518,7 +794,7 @@ else
       ls -l "$work/model"
     fi
     if [ "$HAVE_PYARROW" = 1 ] && [ "$HAVE_PIL" = 1 ] &&
-      timeout 60 "$PY" bench/python/make_prompts.py datasets/shapes/train.parquet "$work/prompts.parquet" "$max_p" 224; then
+      timeout "$(prep_to)" "$PY" bench/python/make_prompts.py datasets/shapes/train.parquet "$work/prompts.parquet" "$max_p" 224; then
       echo "prompts: make_prompts.py"
     else
       echo "prompts: make_prompts.py not run or failed (pyarrow $HAVE_PYARROW, PIL $HAVE_PIL): using bench/gpu/prompts.parquet"
@@ -544,7 +820,7 @@ BENCH_SIZES="$P prompts x n $N, $NEW new tokens, micro-batches of $m, $((REPS + 
 if { [ -n "$FLOWRL" ] && [ -f "$work/model/model.safetensors" ]; } || [ "$DRY" = 1 ]; then
   old_micro=()
   grep -q '^\[nodes\.old\]' bench/grpo_bench.toml && old_micro=(--set nodes.old.micro_batch_size="$m")
-  run_step bench_flowrl "$OUT/bench_flowrl.log" "$BENCH_SIZES; $PREC_NOTE" \
+  cuda_ok bench_flowrl && run_step bench_flowrl "$OUT/bench_flowrl.log" "$BENCH_SIZES; $PREC_NOTE" \
     env RAYON_NUM_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS" "${FLOWRL:-target/release/flowrl}" run bench/grpo_bench.toml \
     --device cuda --out "$OUT/bench_flowrl" --force --steps $((REPS + 1)) \
     --set nodes.data.batch_size="$P" --set nodes.rollout.n="$N" \
@@ -566,52 +842,11 @@ else
   skip_step bench_ref "needs torch, transformers and PIL (torch $HAVE_TORCH, transformers $HAVE_TF, PIL $HAVE_PIL) and the benchmark model"
 fi
 
-# --- 4. Qwen2.5-VL-3B-sized random model -------------------------------------------------------
-header 3b
-SIZES3="$P3 prompts x n $N3, $NEW3 new tokens, micro-batch $MICRO3, $STEPS3 steps"
-data3=()
-[ -f "$work/prompts.parquet" ] || [ "$DRY" = 1 ] || data3=(--set nodes.data.path=bench/gpu/prompts.parquet)
-run3() { # STEP_ID STEPS OUT_DIR LOG NOTE SET...: flowrl run bench/gpu/grpo_3b.toml at SIZE3_SET
-  local id=$1 steps=$2 dir=$3 log=$4 note=$5
-  shift 5
-  run_step "$id" "$log" "$note" \
-    env RAYON_NUM_THREADS="$THREADS" "${FLOWRL:-target/release/flowrl}" run bench/gpu/grpo_3b.toml \
-    --device cuda --out "$dir" --force --steps "$steps" "${SIZE3_SET[@]}" "${data3[@]}" "$@"
-}
-retry=0
-if [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; then
-  key=${PREC_KEY:-precision}
-  run3 3b "$STEPS3" "$OUT/3b" "$OUT/3b.log" "$SIZES3; bf16 (models.policy.$key=bf16)" --set "models.policy.$key=bf16"
-  # A configuration error (exit 78: no bf16 on this build), or a quick failure that names the
-  # precision: rerun in f32.
-  if [ "$DRY" = 0 ] && [ "$STEP_RC" != 0 ] && [ "$STEP_RC" != 124 ] && [ "$STEP_RC" != 137 ] && [ "$STEP_RC" != 999 ]; then
-    [ "$STEP_RC" = 78 ] && retry=1
-    # (the log's first two lines are the command and its timeout)
-    awk -v w="$STEP_WALL" 'BEGIN { exit !(w < 60) }' && tail -n +3 "$OUT/3b.log" | grep -qiE 'bf16|precision|dtype' && retry=1
-  fi
-  if [ "$DRY" = 1 ]; then
-    echo "    if it exits 78 (no bf16 on this build), or fails quickly naming the precision, rerun in f32:"
-    DRY_T=$((DRY_T - BUDGET[3b]))
-  fi
-  if [ "$retry" = 1 ]; then
-    # The bf16 attempt's line of steps.tsv: a refusal, not the step's result.
-    awk -F'\t' -v OFS='\t' -v n="$(wc -l < "$OUT/steps.tsv")" 'NR == n { $3 = "bf16 refused" } { print }' \
-      "$OUT/steps.tsv" > "$OUT/steps.tsv.new" && mv "$OUT/steps.tsv.new" "$OUT/steps.tsv"
-    echo "   bf16 refused (rc $STEP_RC): rerun in f32"
-  fi
-  if [ "$retry" = 1 ] || [ "$DRY" = 1 ]; then
-    if [ -n "$PREC_KEY" ]; then f32set=(--set "models.policy.$PREC_KEY=f32"); else f32set=(); fi
-    [ "$DRY" = 1 ] && f32set=(--set "models.policy.precision=f32")
-    run3 3b "$STEPS3" "$OUT/3b_f32" "$OUT/3b_f32.log" "$SIZES3; f32 (bf16 attempt exited $STEP_RC)" "${f32set[@]}"
-  fi
-else
-  skip_step 3b "no flowrl binary"
-fi
-
-# --- 5. the 3B model with LoRA and an adapters-off reference ----------------------------------
-# The same graph, sizes and seed (random weights) as step 4, plus LORA3_SET. The base
+# --- 6. the 3B model with LoRA and an adapters-off reference ----------------------------------
+# The same graph, sizes, prompts and seed (random weights) as step 2, plus LORA3_SET. The base
 # weights are frozen in bf16, so only the adapters have gradients and AdamW moments. The
-# reference `from = "policy"` runs the policy's modules with the adapters off.
+# reference `from = "policy"` runs the policy's modules with the adapters off. As the last step
+# it gets all the time left.
 header 3b_lora
 SIZES3L="$P3 prompts x n $N3, $NEW3 new tokens, micro-batch $MICRO3, $STEPS3L steps"
 if [ "$REF3L" = 1 ]; then
@@ -619,8 +854,8 @@ if [ "$REF3L" = 1 ]; then
 else
   LORA3_NOTE="LoRA rank $RANK3L alpha $ALPHA3L all-linear, lr 3e-3; no reference (GPU_3B_LORA_REF=0)"
 fi
-if [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; then
-  # bf16, unless setup found no bf16 or step 4's bf16 attempt was refused (then f32, as step 4).
+if { [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; } && cuda_ok 3b_lora; then
+  # bf16, unless setup found no bf16 or step 2's bf16 attempt was refused (then f32, as step 2).
   PREC3L=bf16
   prec3l_set=(--set "models.policy.${PREC_KEY:-precision}=bf16")
   if [ "$DRY" = 0 ] && [ -z "$PREC_KEY" ]; then
@@ -632,15 +867,16 @@ if [ -n "$FLOWRL" ] || [ "$DRY" = 1 ]; then
   fi
   run3 3b_lora "$STEPS3L" "$OUT/3b_lora" "$OUT/3b_lora.log" "$SIZES3L; $PREC3L; $LORA3_NOTE" \
     "${LORA3_SET[@]}" "${prec3l_set[@]}"
-  [ "$DRY" = 1 ] && echo "    (bf16 unless setup or step 4 found none; reported like step 4, plus timing_s/ref and actor/kl_loss)"
-else
+  [ "$DRY" = 1 ] && echo "    (bf16 unless setup or step 2 found none; reported like step 2, plus timing_s/ref and actor/kl_loss)"
+elif [ -z "$FLOWRL" ]; then
   skip_step 3b_lora "no flowrl binary"
 fi
 
-# --- the table ------------------------------------------------------------------------------
+# --- the table and the caches -----------------------------------------------------------------
 if [ "$DRY" = 1 ]; then
   echo
   echo "[summary] \$ ${PY:-python3} bench/gpu/summarize.py $OUT   -> $OUT/gpu.md (commit as bench/results/gpu.md)"
+  echo "          and $CACHE -> $OUT/cubecl-cache.tar.gz, its CUDA autotune results -> $OUT/autotune/"
   echo
   echo "running total of the step budgets: ${DRY_T}s + ${RESERVE}s summary = $((DRY_T + RESERVE))s of ${TOTAL}s"
   if [ "${#MISSING[@]}" -gt 0 ]; then
@@ -653,12 +889,32 @@ if [ "$DRY" = 1 ]; then
   exit 0
 fi
 
+# The caches come back with $OUT: the CUDA autotune results as they are (summarize.py lists the
+# matmul picks), and the whole cache as an archive for the next run (pack.sh carries it).
+CACHE_NOTE=""
+if [ -d "$CACHE" ]; then
+  mkdir -p "$OUT/autotune"
+  for d in "$CACHE"/autotune/*/device-*cuda*; do
+    [ -d "$d" ] && cp -r "$d" "$OUT/autotune/"
+  done
+  tar -cf - -C bench/gpu cache 2> /dev/null | gzip -1 > "$OUT/cubecl-cache.tar.gz"
+  size=$(stat -c %s "$OUT/cubecl-cache.tar.gz" 2> /dev/null || echo 0)
+  if [ "$size" -gt $((100 * 1048576)) ]; then
+    rm -f "$OUT/cubecl-cache.tar.gz"
+    CACHE_NOTE="cache archive over 100 MiB ($((size / 1048576)) MiB): not kept"
+  else
+    CACHE_NOTE="cubecl-cache.tar.gz: $((size / 1048576)) MiB"
+  fi
+fi
+read -r -a cc <<< "$(cache_counts)"
 {
   echo "P=$P"; echo "N=$N"; echo "NEW=$NEW"; echo "MICRO=$MICRO"; echo "MICRO_USED=$m"; echo "REPS=$REPS"
   echo "THREADS=$THREADS"; echo "PREC=$PREC"; echo "PREC_KEY=$PREC_KEY"; echo "BF16_OK=$BF16_OK"
   echo "TORCH_DTYPE=$TORCH_DTYPE"; echo "P3=$P3"; echo "N3=$N3"; echo "NEW3=$NEW3"; echo "STEPS3=$STEPS3"
   echo "MICRO3=$MICRO3"; echo "STEPS3L=$STEPS3L"; echo "RANK3L=$RANK3L"; echo "ALPHA3L=$ALPHA3L"; echo "REF3L=$REF3L"
   echo "PREC3L=${PREC3L:-}"; echo "TOTAL=$TOTAL"; echo "ELAPSED=$((SECONDS - T0))"; echo "REF_PROMPTS=$REF_PROMPTS"
+  echo "MICRO_BUDGET=${MICRO_BUDGET:-}"; echo "CUDA_SKIP=$CUDA_SKIP"; echo "DRIVER_OLD=$DRIVER_OLD"; echo "HEADERS_OK=$HEADERS_OK"
+  echo "CACHE_KERNELS=${cc[0]}"; echo "CACHE_AUTOTUNE=${cc[1]}"; echo "CACHE_NOTE=$CACHE_NOTE"
 } > "$OUT/settings.txt"
 if [ -n "$PY" ] && timeout 30 "$PY" bench/gpu/summarize.py "$OUT" > "$OUT/summarize.log" 2>&1; then
   echo "== wrote $OUT/gpu.md"
@@ -673,11 +929,15 @@ else
     cat "$OUT/env.txt"
     echo '```'
     echo
-    echo "| step | status | rc | wall (s) | timeout (s) | peak GPU MiB | note |"
-    echo "|---|---|---:|---:|---:|---:|---|"
-    while IFS=$'\t' read -r id title status rc wall to peak log note; do
-      echo "| $title | $status | $rc | $wall | $to | $peak | $note |"
+    echo "| step | status | rc | wall (s) | timeout (s) | peak GPU MiB | note | kernel cache |"
+    echo "|---|---|---:|---:|---:|---:|---|---|"
+    while IFS=$'\t' read -r id title status rc wall to peak log note cache; do
+      echo "| $title | $status | $rc | $wall | $to | $peak | $note | $cache |"
     done < "$OUT/steps.tsv"
+    echo
+    echo '```'
+    cat "$OUT/micro.jsonl" 2> /dev/null
+    echo '```'
   } > "$OUT/gpu.md"
   echo "== wrote $OUT/gpu.md (steps only)"
 fi
