@@ -159,6 +159,9 @@ pub fn sample(logits: &[f32], config: &SamplingConfig, u: f64) -> Result<Sampled
 /// The smallest scaled logit a token may have to be kept by top-k and top-p (−∞: all).
 pub fn threshold(scaled: &[f32], weights: &[f32], config: &SamplingConfig) -> f32 {
     let mut keep = f32::NEG_INFINITY;
+    if config.top_k == 0 && config.top_p >= 1.0 {
+        return keep;
+    }
     let finite: Vec<usize> = (0..scaled.len())
         .filter(|&i| scaled[i] > f32::NEG_INFINITY)
         .collect();
