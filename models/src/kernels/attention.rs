@@ -89,13 +89,15 @@ pub(crate) mod gpu {
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::prelude::*;
+    use burn::tensor::DType;
     use burn::tensor::TensorPrimitive;
-    use burn::tensor::{DType, Shape};
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use cubecl::prelude::{CubeCount, CubeDim};
 
     use super::{BLOCK_Q, MaskRule};
-    use crate::kernels::cube::{Cube, CubeRuntime, CubeTensor, int_primitive, primitive, tensor};
+    use crate::kernels::cube::{
+        Cube, CubeRuntime, CubeTensor, empty, from_tracked, int_primitive, primitive, tensor,
+        tracked,
+    };
 
     mod kernel {
         use cubecl::prelude::*;
@@ -648,19 +650,6 @@ pub(crate) mod gpu {
         [s[0], s[1], s[2], s[3]]
     }
 
-    fn empty<R: CubeRuntime>(
-        like: &CubeTensor<R>,
-        shape: Vec<usize>,
-        dtype: DType,
-    ) -> CubeTensor<R> {
-        empty_device_dtype::<R>(
-            like.client.clone(),
-            like.device.clone(),
-            Shape::from(shape),
-            dtype,
-        )
-    }
-
     /// `[b, L, heads, d]` contiguous seen as `[b, heads, L, d]` (dims 1 and 2 swapped).
     fn heads_forward<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
         Tensor::<Cube<R>, 4>::from_primitive(TensorPrimitive::Float(t))
@@ -881,11 +870,11 @@ pub(crate) mod gpu {
         scale: f64,
     ) -> Tensor<B, 4> {
         type AD<R, C> = Autodiff<Cube<R>, C>;
-        fn float<BB: Backend>(t: Tensor<BB, 4>) -> BB::FloatTensorPrimitive {
-            t.into_primitive().tensor()
-        }
-        let cast = |t: Tensor<B, 4>| float::<AD<R, C>>(crate::kernels::cast(t));
-        let (q, k, v) = (cast(q), cast(k), cast(v));
+        let (q, k, v) = (
+            tracked::<B, AD<R, C>, 4>(q),
+            tracked::<B, AD<R, C>, 4>(k),
+            tracked::<B, AD<R, C>, 4>(v),
+        );
         let segments: Tensor<AD<R, C>, 2, Int> = crate::kernels::cast(segments.clone());
         let segments: CubeTensor<R> = segments.into_primitive();
         let out = match FlashBackward
@@ -927,7 +916,6 @@ pub(crate) mod gpu {
                 prep.finish(out)
             }
         };
-        let out = Tensor::<AD<R, C>, 4>::from_primitive(TensorPrimitive::Float(out));
-        crate::kernels::cast(out)
+        from_tracked::<B, AD<R, C>, 4>(out)
     }
 }

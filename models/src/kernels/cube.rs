@@ -2,7 +2,7 @@
 //! and the runtime's own tensors.
 
 use burn::prelude::*;
-use burn::tensor::TensorPrimitive;
+use burn::tensor::{DType, Shape, TensorPrimitive};
 pub(crate) use burn_cubecl::CubeRuntime;
 pub(crate) use burn_cubecl::tensor::CubeTensor;
 
@@ -105,4 +105,39 @@ pub(crate) fn cube_count_1d(n: usize) -> burn_cubecl::cubecl::CubeCount {
     let x = n.clamp(1, 65_535);
     let y = n.div_ceil(x).max(1);
     burn_cubecl::cubecl::CubeCount::Static(x as u32, y as u32, 1)
+}
+
+/// An uninitialised tensor of `shape` and `dtype` on `like`'s device.
+pub(crate) fn empty<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: impl Into<Shape>,
+    dtype: DType,
+) -> CubeTensor<R> {
+    burn_cubecl::ops::numeric::empty_device_dtype::<R>(
+        like.client.clone(),
+        like.device.clone(),
+        shape.into(),
+        dtype,
+    )
+}
+
+/// An uninitialised tensor of `like`'s shape in `dtype`, on its device.
+pub(crate) fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+    empty(like, like.meta.shape().clone(), dtype)
+}
+
+/// The float primitive of a tensor of `B`, which is the autodiff backend `AD`
+/// ([`autodiff_runtime`]): an autodiff tensor, its graph kept.
+pub(crate) fn tracked<B: Backend, AD: Backend, const D: usize>(
+    t: Tensor<B, D>,
+) -> AD::FloatTensorPrimitive {
+    let t: Tensor<AD, D> = super::cast(t);
+    t.into_primitive().tensor()
+}
+
+/// A tensor of `B` (= the autodiff backend `AD`) from an autodiff float primitive.
+pub(crate) fn from_tracked<B: Backend, AD: Backend, const D: usize>(
+    t: AD::FloatTensorPrimitive,
+) -> Tensor<B, D> {
+    super::cast(Tensor::<AD, D>::from_primitive(TensorPrimitive::Float(t)))
 }

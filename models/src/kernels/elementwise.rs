@@ -62,13 +62,13 @@ mod gpu {
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
     use burn::prelude::*;
-    use burn::tensor::TensorPrimitive;
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use cubecl::calculate_cube_count_elemwise;
     use cubecl::prelude::CubeDim;
 
-    use crate::kernels::cube::{Cube, CubeRuntime, CubeTensor, primitive, tensor};
+    use crate::kernels::cube::{
+        Cube, CubeRuntime, CubeTensor, empty_like, from_tracked, primitive, tensor, tracked,
+    };
 
     mod kernel {
         use cubecl::prelude::*;
@@ -149,15 +149,6 @@ mod gpu {
 
     const THREADS: u32 = 256;
 
-    fn empty_like<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
-        empty_device_dtype::<R>(
-            t.client.clone(),
-            t.device.clone(),
-            t.meta.shape().clone(),
-            t.dtype,
-        )
-    }
-
     fn elementwise<R: CubeRuntime>(t: &CubeTensor<R>) -> (cubecl::prelude::CubeCount, CubeDim) {
         let cube_dim = CubeDim::new_1d(THREADS);
         let count = calculate_cube_count_elemwise(&t.client, t.meta.num_elements(), cube_dim);
@@ -166,7 +157,7 @@ mod gpu {
 
     fn swiglu_forward<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTensor<R> {
         let (gate, up) = (into_contiguous(gate), into_contiguous(up));
-        let out = empty_like(&gate);
+        let out = empty_like(&gate, gate.dtype);
         let (count, dim) = elementwise(&gate);
         let dtype = gate.dtype;
         kernel::swiglu_kernel::launch::<R>(
@@ -191,7 +182,7 @@ mod gpu {
             into_contiguous(up),
             into_contiguous(grad),
         );
-        let (grad_gate, grad_up) = (empty_like(&gate), empty_like(&up));
+        let (grad_gate, grad_up) = (empty_like(&gate, gate.dtype), empty_like(&up, up.dtype));
         let (count, dim) = elementwise(&gate);
         let dtype = gate.dtype;
         kernel::swiglu_backward_kernel::launch::<R>(
@@ -221,7 +212,7 @@ mod gpu {
             into_contiguous(cos),
             into_contiguous(sin_signed),
         );
-        let out = empty_like(&x);
+        let out = empty_like(&x, x.dtype);
         let (count, dim) = elementwise(&x);
         let dtype = x.dtype;
         kernel::rotate_half_kernel::launch::<R>(
@@ -265,20 +256,6 @@ mod gpu {
     }
 
     type AD<R, C> = Autodiff<Cube<R>, C>;
-
-    /// The float primitive (an autodiff tensor) of a tensor of `B` = `Autodiff<Cube<R>, C>`.
-    fn tracked<B: Backend, BB: Backend, const D: usize>(
-        t: Tensor<B, D>,
-    ) -> BB::FloatTensorPrimitive {
-        let t: Tensor<BB, D> = crate::kernels::cast(t);
-        t.into_primitive().tensor()
-    }
-
-    fn untracked<B: Backend, BB: Backend, const D: usize>(
-        t: BB::FloatTensorPrimitive,
-    ) -> Tensor<B, D> {
-        crate::kernels::cast(Tensor::<BB, D>::from_primitive(TensorPrimitive::Float(t)))
-    }
 
     #[derive(Debug)]
     struct SwigluBackward;
@@ -334,7 +311,7 @@ mod gpu {
                 prep.finish(swiglu_forward(gate.primitive.clone(), up.primitive.clone()))
             }
         };
-        untracked::<B, AD<R, C>, D>(out)
+        from_tracked::<B, AD<R, C>, D>(out)
     }
 
     #[derive(Debug)]
@@ -384,6 +361,6 @@ mod gpu {
                 prep.finish(rotate(x.primitive.clone(), cos, sin_signed, false))
             }
         };
-        untracked::<B, AD<R, C>, 4>(out)
+        from_tracked::<B, AD<R, C>, 4>(out)
     }
 }

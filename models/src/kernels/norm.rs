@@ -44,10 +44,12 @@ mod gpu {
     use burn::prelude::*;
     use burn::tensor::{DType, TensorPrimitive};
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use cubecl::prelude::CubeDim;
 
-    use crate::kernels::cube::{Cube, CubeRuntime, CubeTensor, cube_count_1d, primitive, tensor};
+    use crate::kernels::cube::{
+        Cube, CubeRuntime, CubeTensor, cube_count_1d, empty, empty_like, from_tracked, primitive,
+        tensor, tracked,
+    };
 
     /// Threads per row.
     const THREADS: u32 = 128;
@@ -167,15 +169,6 @@ mod gpu {
         }
     }
 
-    fn empty<R: CubeRuntime>(like: &CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
-        empty_device_dtype::<R>(
-            like.client.clone(),
-            like.device.clone(),
-            like.meta.shape().clone(),
-            dtype,
-        )
-    }
-
     /// Rows and width of a tensor normalised over its last dimension.
     fn rows_dim<R: CubeRuntime>(x: &CubeTensor<R>) -> (usize, usize) {
         let dim = *x.meta.shape().last().unwrap_or(&1);
@@ -191,7 +184,7 @@ mod gpu {
         let (rows, dim) = rows_dim(&x);
         let scaled = weight.is_some();
         let weight = weight.map(into_contiguous).unwrap_or_else(|| x.clone());
-        let out = empty(&x, x.dtype);
+        let out = empty_like(&x, x.dtype);
         let dtype = x.dtype;
         kernel::rms_norm_kernel::launch::<R>(
             &x.client.clone(),
@@ -222,16 +215,11 @@ mod gpu {
         let scaled = weight.is_some();
         let weight_dtype = weight.as_ref().map(|w| w.dtype);
         let weight = weight.map(into_contiguous).unwrap_or_else(|| x.clone());
-        let grad_x = empty(&x, x.dtype);
+        let grad_x = empty_like(&x, x.dtype);
         let weighted = if scaled {
-            empty(&x, DType::F32)
+            empty_like(&x, DType::F32)
         } else {
-            empty_device_dtype::<R>(
-                x.client.clone(),
-                x.device.clone(),
-                vec![1].into(),
-                DType::F32,
-            )
+            empty(&x, vec![1], DType::F32)
         };
         let dtype = x.dtype;
         kernel::rms_norm_backward_kernel::launch::<R>(
@@ -273,13 +261,6 @@ mod gpu {
     }
 
     type AD<R, C> = Autodiff<Cube<R>, C>;
-
-    fn tracked<B: Backend, BB: Backend, const D: usize>(
-        t: Tensor<B, D>,
-    ) -> BB::FloatTensorPrimitive {
-        let t: Tensor<BB, D> = crate::kernels::cast(t);
-        t.into_primitive().tensor()
-    }
 
     #[derive(Debug)]
     struct RmsNormBackward;
@@ -390,7 +371,6 @@ mod gpu {
                 OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive.clone(), None, eps)),
             },
         };
-        let out = Tensor::<AD<R, C>, D>::from_primitive(TensorPrimitive::Float(out));
-        crate::kernels::cast(out)
+        from_tracked::<B, AD<R, C>, D>(out)
     }
 }
