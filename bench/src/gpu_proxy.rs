@@ -43,7 +43,6 @@ use burn::prelude::*;
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::cubecl::config::profiling::{ProfilingConfig, ProfilingLogLevel};
 use burn_cubecl::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
-use flowrl_algorithms::{ClipConfig, GlobalBatchInfo, LossAggMode, policy_loss_vanilla};
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch};
@@ -55,7 +54,7 @@ use serde_json::json;
 
 #[path = "workload.rs"]
 mod workload;
-use workload::{Batch, PROMPT, batch, trunk_inputs};
+use workload::{Batch, PROMPT, batch, ppo_loss, trunk_inputs};
 
 /// burn's wgpu kernels without fusion, as the nodes' Vulkan backend runs them.
 type Gpu = CubeBackend<WgpuRuntime, f32, i32, u8>;
@@ -376,45 +375,6 @@ fn log_probs<B: Backend>(
     Ok((lp, entropy))
 }
 
-/// PPO-clip token-mean loss against the current log-probs (on-policy), half the rows with
-/// advantage 1 and half with −1.
-fn ppo_loss<B: burn::tensor::backend::AutodiffBackend>(
-    lp: Tensor<B, 2>,
-    rows: usize,
-    new: usize,
-    device: &B::Device,
-) -> Result<Tensor<B, 1>> {
-    let old = Tensor::from_inner(lp.clone().inner());
-    let mask = Tensor::<B, 2>::ones([rows, new], device);
-    let signs: Vec<f32> = (0..rows * new)
-        .map(|i| {
-            if (i / new).is_multiple_of(2) {
-                1.0
-            } else {
-                -1.0
-            }
-        })
-        .collect();
-    let adv = Tensor::<B, 1>::from_data(TensorData::new(signs, [rows * new]), device)
-        .reshape([rows, new]);
-    let info = GlobalBatchInfo {
-        batch_num_tokens: Some((rows * new) as f64),
-        global_batch_size: Some(rows as f64),
-        ..GlobalBatchInfo::default()
-    };
-    let pl = policy_loss_vanilla(
-        old,
-        lp,
-        adv,
-        mask,
-        None,
-        &ClipConfig::default(),
-        LossAggMode::TokenMean,
-        &info,
-    )?;
-    Ok(pl.pg_loss)
-}
-
 /// One micro-batch of `update.ppo`: trunk, two-stage backward, one AdamW step.
 fn update_pass(model: &mut Model<GpuAd>, x: &Batch, device: &WgpuDevice) -> Result<()> {
     let (ids, embeds, positions, mask) = trunk_inputs(model, x, device)?;
@@ -422,7 +382,6 @@ fn update_pass(model: &mut Model<GpuAd>, x: &Batch, device: &WgpuDevice) -> Resu
         .causal_lm()
         .forward_hidden(ids, embeds, positions, mask, None);
     let response = hidden.narrow(1, PROMPT - 1, x.new);
-    let (rows, new) = (x.batch, x.new);
     let out = chunked_loss_backward(
         model,
         model,
@@ -430,7 +389,7 @@ fn update_pass(model: &mut Model<GpuAd>, x: &Batch, device: &WgpuDevice) -> Resu
         x.labels(device),
         1.0,
         CHUNK,
-        |lp, _| ppo_loss(lp, rows, new, device),
+        |lp, _| ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, device),
     )?;
     let grads: GradientsParams = out.grads.context("non-finite loss")?;
     let mut opt = AdamW::<GpuAd>::new(AdamWConfig::default());

@@ -46,9 +46,7 @@ use burn::backend::flex::FlexDevice;
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use flowrl_algorithms::{
-    ClipConfig, GlobalBatchInfo, LossAggMode, entropy_and_logprobs_from_hidden, policy_loss_vanilla,
-};
+use flowrl_algorithms::entropy_and_logprobs_from_hidden;
 use flowrl_models::Model;
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
@@ -58,7 +56,7 @@ use flowrl_nodes::train::sequences::chunked_loss_backward;
 
 #[path = "workload.rs"]
 mod workload;
-use workload::{Batch, PROMPT, batch, trunk_inputs};
+use workload::{Batch, PROMPT, batch, ppo_loss, trunk_inputs};
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
 type Ad = flowrl_nodes::backend::CpuBackend;
@@ -186,48 +184,6 @@ fn single_graph_update() -> bool {
     std::env::var("BENCH_UPDATE").is_ok_and(|v| v == "single")
 }
 
-/// The PPO-clip token-mean loss against `old` (on-policy: the log-probs as a constant).
-fn ppo_loss(
-    old: Tensor<Ad, 2>,
-    lp: Tensor<Ad, 2>,
-    x: &Batch,
-    device: &FlexDevice,
-) -> Result<Tensor<Ad, 1>> {
-    let mask = Tensor::<Ad, 2>::ones([x.batch, x.new], device);
-    let adv = Tensor::<Ad, 1>::from_data(
-        TensorData::new(
-            (0..x.batch * x.new)
-                .map(|i| {
-                    if (i / x.new).is_multiple_of(2) {
-                        1.0f32
-                    } else {
-                        -1.0
-                    }
-                })
-                .collect(),
-            [x.batch * x.new],
-        ),
-        device,
-    )
-    .reshape([x.batch, x.new]);
-    let info = GlobalBatchInfo {
-        batch_num_tokens: Some((x.batch * x.new) as f64),
-        global_batch_size: Some(x.batch as f64),
-        ..GlobalBatchInfo::default()
-    };
-    let pl = policy_loss_vanilla(
-        old,
-        lp,
-        adv,
-        mask,
-        None,
-        &ClipConfig::default(),
-        LossAggMode::TokenMean,
-        &info,
-    )?;
-    Ok(pl.pg_loss)
-}
-
 /// Wall seconds of (forward, backward, optimizer step). Single graph: forward = trunk, LM head
 /// and loss, backward = one backward. Two-stage: forward = the trunk, backward = the rest
 /// (`chunked_loss_backward`: value pass, loss, per-chunk LM-head backwards, trunk backward).
@@ -237,7 +193,7 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
     let t0 = Instant::now();
     let (t1, grads) = if single_graph_update() {
         let (lp, entropy) = log_probs(model, x, device)?;
-        let loss = ppo_loss(lp.clone().detach(), lp, x, device)?;
+        let loss = ppo_loss(lp.clone().detach(), lp, device)?;
         let _ = entropy.detach().mean().into_scalar();
         let _ = loss.clone().detach().into_scalar();
         mem("forward (live: kept for the backward)");
@@ -255,7 +211,7 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
         let t1 = Instant::now();
         let response = (response, backward);
         let out = chunked_loss_backward(model, model, response, labels, 1.0, chunk(), |lp, _| {
-            ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, x, device)
+            ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, device)
         })?;
         let _ = out.values.entropy.mean().into_scalar();
         (t1, out.grads.context("non-finite loss")?)

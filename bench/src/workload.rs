@@ -5,6 +5,8 @@
 
 use anyhow::Result;
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use flowrl_algorithms::{ClipConfig, GlobalBatchInfo, LossAggMode, policy_loss_vanilla};
 use flowrl_models::{Model, PaddedBatch, ProcessedImage};
 
 /// Prompt length of the reduced comparison (shapes task prompt with one 224×224 image).
@@ -108,4 +110,42 @@ pub fn trunk_inputs<B: Backend>(
         positions.tensor::<B>(device),
         x.tokens.mask_tensor::<B>(device),
     ))
+}
+
+/// The update's PPO-clip loss (token-mean, default clipping) of the log-probs `lp` `[rows, new]`
+/// against `old`, every response token counted, half the rows with advantage 1 and half with −1.
+pub fn ppo_loss<B: AutodiffBackend>(
+    old: Tensor<B, 2>,
+    lp: Tensor<B, 2>,
+    device: &B::Device,
+) -> Result<Tensor<B, 1>> {
+    let [rows, new] = lp.dims();
+    let mask = Tensor::<B, 2>::ones([rows, new], device);
+    let signs: Vec<f32> = (0..rows * new)
+        .map(|i| {
+            if (i / new).is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            }
+        })
+        .collect();
+    let adv = Tensor::<B, 1>::from_data(TensorData::new(signs, [rows * new]), device)
+        .reshape([rows, new]);
+    let info = GlobalBatchInfo {
+        batch_num_tokens: Some((rows * new) as f64),
+        global_batch_size: Some(rows as f64),
+        ..GlobalBatchInfo::default()
+    };
+    let pl = policy_loss_vanilla(
+        old,
+        lp,
+        adv,
+        mask,
+        None,
+        &ClipConfig::default(),
+        LossAggMode::TokenMean,
+        &info,
+    )?;
+    Ok(pl.pg_loss)
 }
