@@ -141,15 +141,32 @@ fn read_floats<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>> 
         .map_err(|e| anyhow::anyhow!("reading {D}-d floats: {e:?}"))
 }
 
-/// KV-cache bytes one row of `prompt_len + max_new_tokens` tokens holds once reserved (the last
-/// token sampled is never fed): [`CausalLm::kv_cache_bytes_per_token`] × the reserved length.
+/// Positions a row's KV cache reserves: `prompt_len + max_new_tokens − 1` (the last token
+/// sampled is never fed).
+pub fn reserved_positions(prompt_len: usize, max_new_tokens: usize) -> usize {
+    prompt_len + max_new_tokens.saturating_sub(1)
+}
+
+/// KV-cache bytes one row of `prompt_len + max_new_tokens` tokens holds once reserved:
+/// [`CausalLm::kv_cache_bytes_per_token`] × [`reserved_positions`].
 pub fn cache_bytes_per_row<B: Backend>(
     lm: &dyn CausalLm<B>,
     prompt_len: usize,
     max_new_tokens: usize,
 ) -> u64 {
-    let reserved = prompt_len + max_new_tokens.saturating_sub(1);
-    lm.kv_cache_bytes_per_token() as u64 * reserved as u64
+    lm.kv_cache_bytes_per_token() as u64 * reserved_positions(prompt_len, max_new_tokens) as u64
+}
+
+/// Rows decoded together under a KV-cache budget: as many rows of `row_bytes` as `budget`
+/// holds, at least one (the caller refuses a row larger than the budget).
+pub fn rows_per_budget(row_bytes: u64, budget: u64) -> usize {
+    ((budget / row_bytes.max(1)) as usize).max(1)
+}
+
+/// Distinct prompts one prefill forward takes: as many prompts padded to `longest` as
+/// `prefill_tokens` holds, at least one; all of them without a limit.
+pub fn prompts_per_prefill(prefill_tokens: Option<usize>, longest: usize, prompts: usize) -> usize {
+    prefill_tokens.map_or(prompts, |tokens| (tokens / longest.max(1)).max(1))
 }
 
 /// Generates one response per prompt. See the module doc.
@@ -226,7 +243,7 @@ fn rows_per_chunk<B: Backend>(
         gib(row),
         lm.kv_cache_bytes_per_token()
     );
-    Ok(((budget / row.max(1)) as usize).max(1))
+    Ok(rows_per_budget(row, budget))
 }
 
 /// Bytes in GiB, for messages.
@@ -256,9 +273,7 @@ fn prefill<B: Backend>(
     device: &B::Device,
 ) -> Result<Prefilled<B>> {
     let lm = model.lm;
-    let per_forward = config
-        .prefill_tokens
-        .map_or(unique.len(), |tokens| (tokens / longest).max(1));
+    let per_forward = prompts_per_prefill(config.prefill_tokens, longest, unique.len());
     let mut caches = Vec::new();
     let mut logits = Vec::new();
     let mut masks = Vec::with_capacity(unique.len());

@@ -31,6 +31,7 @@ pub mod qwen2_vl;
 pub mod qwen3_vl;
 pub mod registry;
 pub mod sampling;
+pub mod shape;
 pub mod value_head;
 pub mod weights;
 

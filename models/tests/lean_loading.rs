@@ -438,3 +438,84 @@ fn a_non_finite_weight_is_refused_at_load() {
         "{msg}"
     );
 }
+
+/// The plan's model shape (`ModelShape`, from config.json alone) against every model directory
+/// of the assets, loaded: parameters, vision-tower parameters, KV-cache bytes per token in f32 and
+/// bf16 (the number the rollout's KV budget divides by), and a LoRA configuration's adapters.
+#[test]
+fn model_shapes_from_config_match_the_loaded_models() {
+    use flowrl_models::lora::{AdapterInit, LoraConfig};
+    use flowrl_models::shape::ModelShape;
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets");
+    let device = Default::default();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&assets).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.join("model.safetensors").is_file() {
+            continue;
+        }
+        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let model = Model::<Flex>::load(&dir, &device).unwrap();
+        let shape = ModelShape::of_config(&config, Precision::F32, None).unwrap();
+        assert_eq!(shape.params, model.num_params() as u64, "{}", dir.display());
+        let vision: usize = {
+            struct Count(usize);
+            impl ModuleVisitor<Flex> for Count {
+                fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Flex, D>>) {
+                    self.0 += p.shape().num_elements();
+                }
+            }
+            let mut c = Count(0);
+            model.visit_vision_tower(&mut c);
+            c.0
+        };
+        assert_eq!(shape.vision_params, vision as u64, "{}", dir.display());
+        assert_eq!(
+            shape.kv_cache_bytes_per_token,
+            model.causal_lm().kv_cache_bytes_per_token() as u64,
+            "{}",
+            dir.display()
+        );
+        let bf16 = ModelShape::of_config(&config, Precision::BF16, None).unwrap();
+        let cast = model.clone().cast(Precision::BF16);
+        assert_eq!(
+            bf16.kv_cache_bytes_per_token,
+            cast.causal_lm().kv_cache_bytes_per_token() as u64,
+            "{}",
+            dir.display()
+        );
+        assert_eq!(
+            bf16.kv_cache_bytes_per_token * 2,
+            shape.kv_cache_bytes_per_token
+        );
+        let lora = LoraConfig {
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+            target_modules: vec!["q_proj".into(), "down_proj".into()],
+        };
+        let (adapted, _) = Model::<Flex>::random_adapted(
+            &config,
+            &device,
+            1,
+            Precision::F32,
+            &lora,
+            AdapterInit::Fresh(1),
+        )
+        .unwrap();
+        let with = ModelShape::of_config(&config, Precision::F32, Some(&lora)).unwrap();
+        assert_eq!(
+            with.adapter_params,
+            (adapted.num_params() - model.num_params()) as u64,
+            "{}",
+            dir.display()
+        );
+        assert!(with.adapter_params > 0);
+        assert_eq!(
+            with.params, shape.params,
+            "adapters are not counted as parameters"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3, "the assets hold three tiny models");
+}
