@@ -17,7 +17,7 @@
 //! Encoded pictures are not kept in memory between batches: each batch decodes and processes its
 //! images again (deterministically), so large datasets cost only their encoded bytes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -26,7 +26,7 @@ use image::RgbImage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-use crate::encoder::PromptEncoder;
+use crate::encoder::{EncodedPrompt, PromptEncoder};
 use crate::error::DataError;
 use crate::rng::SplitMix64;
 use crate::verl::{ChatMessage, ReadOptions, RowRef, SkippedRow, VerlRow, read_verl_file};
@@ -227,6 +227,76 @@ pub struct PromptDataset {
     report: LoadReport,
 }
 
+/// Encodes a row as [`PromptDataset::load`] does: its pictures and videos decoded, its chat
+/// rendered, tokenized and its placeholders expanded (errors name the file, row and column).
+pub fn encode_row(
+    encoder: &PromptEncoder,
+    row: &VerlRow,
+    options: &ReadOptions,
+) -> Result<EncodedPrompt> {
+    let images = decode_row_images(row, options)?;
+    let videos = decode_row_videos(row, options)?;
+    let multimodal = options.columns.image_key.is_some() || !videos.is_empty();
+    encoder
+        .encode_media(&row.messages, &images, &videos, multimodal)
+        .map_err(|e| {
+            DataError::cell(
+                &row.source.file,
+                row.source.row,
+                &options.columns.prompt_key,
+                format!("{e:#}"),
+            )
+            .into()
+        })
+}
+
+/// The sizes of a dataset's prompts, from the first rows of its first file ([`sample_sizes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptSizes {
+    /// Rows encoded.
+    pub rows: usize,
+    /// The longest prompt, image tokens included, at most `max_prompt_length`.
+    pub longest: usize,
+    /// The most image (and video) tokens of a prompt.
+    pub image_tokens: usize,
+    /// The most pixel values (floats) of a prompt's processed pictures.
+    pub pixel_values: usize,
+}
+
+/// Encodes the first `rows` rows of `path` (a prompt file of `options`) with `encoder`: the
+/// longest prompt (capped at `max_prompt_length`, as the load caps or drops longer ones) and
+/// the most image tokens and pixel values a prompt has.
+pub fn sample_sizes(
+    path: &Path,
+    encoder: &PromptEncoder,
+    options: &DatasetOptions,
+    rows: usize,
+) -> Result<PromptSizes> {
+    let read = ReadOptions {
+        check_images: false,
+        ..options.read.clone()
+    };
+    let file = crate::verl::read_verl_head(path, &read, rows)?;
+    let mut sizes = PromptSizes {
+        rows: 0,
+        longest: 0,
+        image_tokens: 0,
+        pixel_values: 0,
+    };
+    for row in file.rows.iter().take(rows) {
+        let enc = encode_row(encoder, row, &options.read)?;
+        sizes.rows += 1;
+        sizes.longest = sizes
+            .longest
+            .max(enc.input_ids.len().min(options.max_prompt_length));
+        sizes.image_tokens = sizes.image_tokens.max(enc.num_image_tokens);
+        sizes.pixel_values = sizes
+            .pixel_values
+            .max(enc.images.iter().map(|i| i.pixel_values.len()).sum());
+    }
+    Ok(sizes)
+}
+
 /// Decodes the encoded pictures of a row (errors name file, row and image column), with verl's
 /// pre-processor resize when [`ReadOptions::verl_image_patch_size`] is set.
 pub fn decode_row_images(row: &VerlRow, options: &ReadOptions) -> Result<Vec<RgbImage>, DataError> {
@@ -293,7 +363,6 @@ impl PromptDataset {
         anyhow::ensure!(!paths.is_empty(), "no data files given");
         let mut report = LoadReport::default();
         let mut records = Vec::new();
-        let has_images = options.read.columns.image_key.is_some();
         let vision_tokens: Vec<u32> = encoder
             .image_token_id()
             .into_iter()
@@ -311,12 +380,7 @@ impl PromptDataset {
             report.skipped_mismatched.extend(file.skipped);
             for row in file.rows {
                 let (file_path, r) = (row.source.file.clone(), row.source.row);
-                let images = decode_row_images(&row, &options.read)?;
-                let videos = decode_row_videos(&row, &options.read)?;
-                let multimodal = has_images || !videos.is_empty();
-                let enc = encoder
-                    .encode_media(&row.messages, &images, &videos, multimodal)
-                    .map_err(|e| DataError::cell(&file_path, r, &prompt_col, format!("{e:#}")))?;
+                let enc = encode_row(&encoder, &row, &options.read)?;
                 let mut ids = enc.input_ids;
                 let max = options.max_prompt_length;
                 if ids.len() > max {

@@ -244,7 +244,16 @@ fn open(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>, DataError>
 /// Reads all row groups of a verl prompt file. Fails on the first bad value (see the module doc
 /// and [`ReadOptions::skip_mismatched_rows`] for the one documented skip).
 pub fn read_verl_file(path: &Path, options: &ReadOptions) -> Result<VerlFile, DataError> {
-    read_rows(path, options, None)
+    read_rows(path, options, None, None)
+}
+
+/// [`read_verl_file`] of the file's first `rows` rows only (fewer when it has fewer).
+pub fn read_verl_head(
+    path: &Path,
+    options: &ReadOptions,
+    rows: usize,
+) -> Result<VerlFile, DataError> {
+    read_rows(path, options, None, Some(rows))
 }
 
 /// [`read_verl_file`] that goes on past bad rows: every row that would fail to load is returned
@@ -256,7 +265,7 @@ pub fn check_verl_file(
     options: &ReadOptions,
 ) -> Result<(VerlFile, Vec<DataError>), DataError> {
     let mut bad = Vec::new();
-    let file = read_rows(path, options, Some(&mut bad))?;
+    let file = read_rows(path, options, Some(&mut bad), None)?;
     Ok((file, bad))
 }
 
@@ -266,6 +275,7 @@ fn read_rows(
     path: &Path,
     options: &ReadOptions,
     mut bad: Option<&mut Vec<DataError>>,
+    limit: Option<usize>,
 ) -> Result<VerlFile, DataError> {
     let builder = open(path)?;
     let num_row_groups = builder.metadata().num_row_groups();
@@ -327,7 +337,7 @@ fn read_rows(
     let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
     let reader = builder
         .with_projection(mask)
-        .with_batch_size(1024)
+        .with_batch_size(limit.unwrap_or(1024).clamp(1, 1024))
         .build()
         .map_err(|e| DataError::file(path, format!("cannot read: {e}")))?;
 
@@ -340,6 +350,9 @@ fn read_rows(
     };
     let mut base = 0usize;
     for batch in reader {
+        if limit.is_some_and(|l| base >= l) {
+            break;
+        }
         let batch = batch.map_err(|e| {
             DataError::file(path, format!("cannot decode rows from {base} on: {e}"))
         })?;
