@@ -9,13 +9,14 @@
 //! 1 any other failure, 2 bad command-line usage (clap).
 
 use crate::compile::{Override, Target, compile_for};
-use crate::device::{Machine, device_list};
+use crate::device::{DeviceSpec, Machine, device_list};
 use crate::diagnostic::{self, did_you_mean};
 use crate::export::{Format, export};
 use crate::graph::Graph;
 use crate::node::NodeKind;
 use crate::params::ParamSpec;
 use crate::placement::Cluster;
+use crate::plan::{self, GPU_MODELS, GpuModel, Plan, Pool};
 use crate::progress::ProgressMode;
 use crate::registry::Registry;
 use crate::resource::ResourceKind;
@@ -69,6 +70,12 @@ pub enum Command {
     Nodes(NodesArgs),
     /// Draw the main curves of a run (metrics.jsonl) into an SVG file.
     Plot(PlotArgs),
+    /// Predict a graph's memory per device, host and process, and its time per step, before
+    /// anything loads.
+    #[command(
+        after_help = "Examples:\n  flowrl plan graphs/grpo_vlm.toml\n  flowrl plan graphs/grpo_vlm.toml --json            (schema: docs/plan.md)\n  flowrl plan graphs/grpo_vlm.toml --gpu h200 --device cuda:0\n  flowrl plan my_8gpu_graph.toml --gpu h100 --gpus 8  ([run] devices = [\"cuda:0\", ...])"
+    )]
+    Plan(PlanArgs),
     /// Coordinate a multi-process run: burn-collective's global orchestrator, until killed.
     #[command(after_help = SCALE_OUT_HELP)]
     Orchestrator(OrchestratorArgs),
@@ -156,7 +163,7 @@ pub struct RunArgs {
     /// Continue the run in DIR from its newest checkpoint.
     #[arg(long, value_name = "DIR", conflicts_with = "graph")]
     pub resume: Option<PathBuf>,
-    /// Replace a run that already exists in --out.
+    /// Replace a run that already exists in --out; run a graph whose memory plan does not fit.
     #[arg(long)]
     pub force: bool,
     /// Number of steps (overrides `[run] steps`; with --resume, the new total).
@@ -174,6 +181,28 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ValidateArgs {
     pub graph: PathBuf,
+    /// Accept a graph whose memory plan exceeds a device's (or the host's) memory.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub input: GraphInput,
+    #[command(flatten, next_help_heading = "Several processes")]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    pub graph: PathBuf,
+    /// Print the plan as JSON (schema: docs/plan.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Plan for a machine with GPUs of this model instead of this machine's devices (datasheet
+    /// memory and throughput): h200, h100, a100.
+    #[arg(long, value_name = "MODEL")]
+    pub gpu: Option<String>,
+    /// GPUs of the machine --gpu describes (the graph's devices say which of them the run uses).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "gpu")]
+    pub gpus: usize,
     #[command(flatten)]
     pub input: GraphInput,
     #[command(flatten, next_help_heading = "Several processes")]
@@ -246,6 +275,7 @@ pub fn execute_with(cmd: &Command, registry: &Registry, orchestrator: RunOrchest
     let result = match cmd {
         Command::Run(a) => cmd_run(a, registry),
         Command::Validate(a) => cmd_validate(a, registry),
+        Command::Plan(a) => cmd_plan(a, registry),
         Command::Graph(a) => cmd_graph(a, registry),
         Command::Nodes(a) => cmd_nodes(a, registry),
         Command::Plot(a) => crate::plot::plot_run(&a.run_dir, a.output.as_deref()).map(|p| {
@@ -269,6 +299,18 @@ fn load(
     extra: Vec<Override>,
     world: usize,
 ) -> anyhow::Result<Result<Graph, ExitCode>> {
+    load_for(registry, path, input, extra, world, Machine::detect())
+}
+
+/// [`load`] for another machine (`flowrl plan --gpu`).
+fn load_for(
+    registry: &Registry,
+    path: &Path,
+    input: &GraphInput,
+    extra: Vec<Override>,
+    world: usize,
+    machine: Machine,
+) -> anyhow::Result<Result<Graph, ExitCode>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read graph file {}: {e}", path.display()))?;
     let mut overrides = Override::sets(&input.set);
@@ -276,10 +318,7 @@ fn load(
     if let Some(d) = &input.device {
         overrides.push(Override::device(d));
     }
-    let target = Target {
-        machine: Machine::detect(),
-        world,
-    };
+    let target = Target { machine, world };
     match compile_for(
         registry,
         &path.display().to_string(),
@@ -329,7 +368,15 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
         Ok(g) => g,
         Err(code) => return Ok(code),
     };
+    let plan = machine_plan(&graph, registry, None);
+    if let Some(code) = refuse_overflow(&plan, a.force) {
+        return Ok(code);
+    }
     let opts = RunOptions {
+        plan: Some(crate::run::PlanRecord::of(
+            &plan,
+            registry.device_probe().cloned(),
+        )),
         graph_file: Some(graph_file),
         out,
         resume,
@@ -368,6 +415,10 @@ fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCod
         Ok(g) => g,
         Err(code) => return Ok(code),
     };
+    let plan = machine_plan(&graph, registry, None);
+    if let Some(code) = refuse_overflow(&plan, a.force) {
+        return Ok(code);
+    }
     let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     let processes = if world > 1 {
         format!(" × {world} processes")
@@ -391,7 +442,134 @@ fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCod
             .join(" → "),
         device_list(&graph.devices)
     );
+    println!("memory: {}", plan_summary(&plan));
     Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_plan(a: &PlanArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
+    let world = match a.cluster.world_to_validate() {
+        Ok(w) => w,
+        Err(msg) => return Ok(usage_error(msg)),
+    };
+    let gpu = match &a.gpu {
+        None => None,
+        Some(name) => match GpuModel::named(name) {
+            Some(g) => Some(g),
+            None => {
+                let names: Vec<&str> = GPU_MODELS.iter().map(|g| g.name).collect();
+                return Ok(usage_error(format!(
+                    "--gpu {name}: unknown GPU model; known: {}",
+                    names.join(", ")
+                )));
+            }
+        },
+    };
+    let machine = match gpu {
+        Some(_) => Machine {
+            cuda_compiled: true,
+            gpus: a.gpus,
+            vulkan_compiled: crate::device::vulkan_compiled(),
+        },
+        None => Machine::detect(),
+    };
+    let graph = match load_for(registry, &a.graph, &a.input, Vec::new(), world, machine)? {
+        Ok(g) => g,
+        Err(code) => return Ok(code),
+    };
+    let plan = machine_plan(&graph, registry, gpu);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&plan::to_json(&plan))?);
+    } else {
+        println!(
+            "Plan of {} (estimates, before anything loads):\n",
+            a.graph.display()
+        );
+        print!("{}", plan::render(&plan));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The plan of `graph` on this machine's devices (as the registry's probe measures them), or
+/// on GPUs of model `gpu` (datasheet figures).
+pub fn machine_plan(graph: &Graph, registry: &Registry, gpu: Option<&GpuModel>) -> Plan {
+    let runtime = || plan::process_rss_bytes().unwrap_or(0);
+    let info = |d: DeviceSpec| match (d, gpu) {
+        (DeviceSpec::Cuda(_), Some(g)) => g.info(),
+        _ => registry
+            .device_probe()
+            .map(|p| p.probe(d))
+            .unwrap_or_default(),
+    };
+    plan::plan(graph, &info, &runtime)
+}
+
+/// One line for `validate`: each pool's peak against what it holds.
+fn plan_summary(plan: &Plan) -> String {
+    let mut parts = Vec::new();
+    for p in &plan.pools {
+        let show = match p.pool {
+            Pool::Device(d) => d.type_name() != "cpu",
+            Pool::Host => false,
+            Pool::Process => true,
+        };
+        if !show {
+            continue;
+        }
+        let cap = p
+            .capacity
+            .as_ref()
+            .map(|(c, _)| format!(" of {}", plan::report_gib(*c)))
+            .unwrap_or_default();
+        parts.push(format!(
+            "{} peak {}{cap}",
+            p.pool,
+            plan::report_gib(p.peak_bytes)
+        ));
+    }
+    if !plan.unknown.is_empty() {
+        parts.push(format!(
+            "{} unknown (`flowrl plan` lists them)",
+            plan.unknown.len()
+        ));
+    }
+    parts.join("; ")
+}
+
+/// A plan that does not fit: the table and what to change, exit code 78, unless `force`.
+/// Kinds that declare nothing are a warning: the check cannot see them.
+fn refuse_overflow(plan: &Plan, force: bool) -> Option<ExitCode> {
+    for u in &plan.unknown {
+        eprintln!("warning: the memory plan cannot size {u}: it is run unchecked");
+    }
+    let over = plan.overflows();
+    if over.is_empty() {
+        return None;
+    }
+    let what: Vec<String> = over
+        .iter()
+        .map(|p| {
+            format!(
+                "{} needs {} but holds {}",
+                p.pool,
+                plan::report_gib(p.peak_bytes),
+                plan::report_gib(p.capacity.as_ref().map_or(0, |c| c.0))
+            )
+        })
+        .collect();
+    if force {
+        eprintln!(
+            "warning: the memory plan does not fit ({}); running anyway (--force)",
+            what.join("; ")
+        );
+        return None;
+    }
+    eprintln!(
+        "error: the graph does not fit in memory: {}\n",
+        what.join("; ")
+    );
+    eprint!("{}", plan::render(plan));
+    eprintln!("\n(`--force` runs it anyway)");
+    Some(ExitCode::from(EXIT_CONFIG))
 }
 
 fn cmd_graph(a: &GraphArgs, registry: &Registry) -> anyhow::Result<ExitCode> {

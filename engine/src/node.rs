@@ -54,6 +54,7 @@ use crate::context::{BuildContext, StepContext};
 use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::graph::{Graph, NodeId, ResourceId};
 use crate::params::{ParamSpec, Params};
+use crate::plan::{Footprint, PlanCtx};
 use crate::port::{PortSpec, PortType};
 use crate::spec::STable;
 use crate::value::{Inputs, Outputs};
@@ -114,6 +115,14 @@ pub trait NodeKind: Send + Sync {
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
         let _ = ctx;
         Vec::new()
+    }
+    /// What a node of this kind holds, per replica, and its FLOPs per step, sized from its
+    /// parameters, its neighbours and the resources' shapes (see [`crate::plan`]); runs after
+    /// `validate` passed. `None` (the default): the kind declares nothing, and the plan shows
+    /// the node as unknown rather than as zero.
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let _ = ctx;
+        None
     }
     /// Builds a node from validated parameters.
     fn build(&self, params: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>>;
@@ -354,6 +363,14 @@ impl<'a> NodeView<'a> {
         Some(NodeView {
             graph: self.graph,
             id: e.from,
+        })
+    }
+    /// The declared resource named `name`.
+    pub fn resource(&self, name: &str) -> Option<ResourceView<'a>> {
+        let id = self.graph.resources.iter().position(|r| r.name == name)?;
+        Some(ResourceView {
+            graph: self.graph,
+            id,
         })
     }
     /// What this node's kind declares it does ([`NodeKind::capabilities`]).

@@ -9,6 +9,7 @@
 //! diagnostics say so when a registry has no resource kinds at all ([`Registry::lacks_builtin`]).
 
 use crate::node::NodeKind;
+use crate::plan::DeviceProbe;
 use crate::resource::ResourceKind;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,6 +53,8 @@ macro_rules! register_resource_kind {
 pub struct Registry {
     kinds: BTreeMap<String, Arc<dyn NodeKind>>,
     resource_kinds: BTreeMap<String, Arc<dyn ResourceKind>>,
+    /// Measures this machine's devices for the plan (set by the crate that links the backends).
+    device_probe: Option<Arc<dyn DeviceProbe>>,
 }
 
 impl Registry {
@@ -83,6 +86,16 @@ impl Registry {
     pub fn with_resource_kind(mut self, kind: impl ResourceKind + 'static) -> Self {
         self.add_resource_kind_arc(Arc::new(kind));
         self
+    }
+
+    /// Sets what measures this machine's devices for `flowrl plan` and the checks before a run.
+    pub fn with_device_probe(mut self, probe: impl DeviceProbe + 'static) -> Self {
+        self.device_probe = Some(Arc::new(probe));
+        self
+    }
+
+    pub fn device_probe(&self) -> Option<&Arc<dyn DeviceProbe>> {
+        self.device_probe.as_ref()
     }
 
     pub fn add_kind_arc(&mut self, kind: Arc<dyn NodeKind>) {

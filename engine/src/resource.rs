@@ -11,6 +11,7 @@ use crate::context::BuildContext;
 use crate::diagnostic::Diagnostic;
 use crate::node::ValidateCtx;
 use crate::params::{ParamSpec, Params};
+use crate::plan::{PlanCtx, ResourcePlan};
 use anyhow::{Context as _, anyhow};
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -32,6 +33,13 @@ pub trait ResourceKind: Send + Sync {
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
         let _ = ctx;
         Vec::new()
+    }
+    /// What the resource holds once built, and the shape the node kinds using it size their
+    /// buffers with (see [`crate::plan`]). `None` (the default): the resource is unknown to the
+    /// plan.
+    fn footprint(&self, ctx: &PlanCtx) -> Option<ResourcePlan> {
+        let _ = ctx;
+        None
     }
     /// Builds the resource. Resources it refers to are already in `ctx.resources`; `ctx.node` is
     /// the resource's name.

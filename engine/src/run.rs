@@ -6,14 +6,19 @@
 //! every random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
 //! A run killed before its first checkpoint resumes from step 1.
 
-use crate::device::device_list;
+use crate::device::{DeviceSpec, device_list};
 use crate::graph::Graph;
 use crate::placement::Cluster;
+use crate::plan::{DeviceProbe, Plan};
 use crate::progress::{Progress, ProgressMode};
 use crate::rundir::{RUN_FILE, RunDir, write_atomic};
 use crate::session::Session;
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The plan a run was checked against, in its run directory.
+pub const PLAN_FILE: &str = "plan.json";
 
 /// How to run.
 #[derive(Clone, Debug)]
@@ -30,6 +35,70 @@ pub struct RunOptions {
     pub progress: ProgressMode,
     /// The processes of a multi-process run (`None`: this process is the whole run).
     pub cluster: Option<Cluster>,
+    /// The graph's memory and time plan: written to `plan.json`, and the source of the step's
+    /// `perf/*` metrics (`None`: neither).
+    pub plan: Option<PlanRecord>,
+}
+
+/// What a run keeps of its plan ([`crate::plan`]): the JSON it writes once, the FLOPs per step
+/// and the devices' peak throughput for the MFU, and the probe that reads device memory.
+#[derive(Clone)]
+pub struct PlanRecord {
+    pub json: serde_json::Value,
+    pub step_flops: f64,
+    /// Σ over the run's devices of their throughput in the precision the step mostly runs in.
+    pub peak_flops: Option<f64>,
+    pub probe: Option<Arc<dyn DeviceProbe>>,
+}
+
+impl std::fmt::Debug for PlanRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanRecord")
+            .field("step_flops", &self.step_flops)
+            .field("peak_flops", &self.peak_flops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PlanRecord {
+    pub fn of(plan: &Plan, probe: Option<Arc<dyn DeviceProbe>>) -> Self {
+        let peak: Option<f64> = plan
+            .devices
+            .iter()
+            .map(|(_, i)| i.flops_per_second(&plan.flops_precision))
+            .sum();
+        PlanRecord {
+            json: crate::plan::to_json(plan),
+            step_flops: plan.step_flops,
+            peak_flops: peak.filter(|p| *p > 0.0),
+            probe,
+        }
+    }
+
+    /// The step's `perf/*` metrics (verl's names): `perf/max_memory_allocated_gb` (the largest
+    /// over the run's devices of what the probe reports: a CPU device's is the process's resident
+    /// peak), `perf/cpu_memory_used_gb` (the process's resident set now) and `perf/mfu`
+    /// (the plan's FLOPs over the step's time × the devices' peak throughput), each when known.
+    fn metrics(&self, devices: &[DeviceSpec], step_seconds: Option<f64>) -> Vec<(String, f64)> {
+        const GB: f64 = (1u64 << 30) as f64;
+        let mut out = Vec::new();
+        let allocated = devices
+            .iter()
+            .filter_map(|&d| self.probe.as_ref()?.max_memory_allocated(d))
+            .max();
+        if let Some(b) = allocated {
+            out.push(("perf/max_memory_allocated_gb".into(), b as f64 / GB));
+        }
+        if let Some(b) = crate::plan::process_rss_bytes() {
+            out.push(("perf/cpu_memory_used_gb".into(), b as f64 / GB));
+        }
+        if let (Some(peak), Some(t)) = (self.peak_flops, step_seconds)
+            && t > 0.0
+        {
+            out.push(("perf/mfu".into(), self.step_flops / (t * peak)));
+        }
+        out
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -112,6 +181,12 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         &dir.path.join(RUN_FILE),
         serde_json::to_string_pretty(&run_info)?.as_bytes(),
     )?;
+    if let Some(p) = &opts.plan {
+        write_atomic(
+            &dir.path.join(PLAN_FILE),
+            serde_json::to_string_pretty(&p.json)?.as_bytes(),
+        )?;
+    }
 
     let mut first = 0;
     let mut warnings = Vec::new();
@@ -155,9 +230,13 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         progress.message(&format!("run directory: {}", dir.path.display()));
     }
     for step in first..total {
-        let report = session
+        let mut report = session
             .run_step(step, &mut |e| progress.event(e))
             .inspect_err(|_| progress.finish())?;
+        if let Some(p) = &opts.plan {
+            let seconds = report.metrics.get("timing_s/step").copied();
+            report.metrics.extend(p.metrics(&devices, seconds));
+        }
         for n in &report.nodes {
             for w in &n.warnings {
                 progress.message(&format!("warning: node `{}`: {w}", n.name));

@@ -108,6 +108,7 @@ pub fn run_options(out: &Path, resume: bool) -> RunOptions {
         force: false,
         progress: ProgressMode::Quiet,
         cluster: None,
+        plan: None,
     }
 }
 
