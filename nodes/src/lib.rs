@@ -22,6 +22,7 @@
 pub mod kinds;
 pub mod resources;
 pub mod runtime;
+pub mod sizing;
 pub mod train;
 pub mod values;
 
@@ -58,11 +59,12 @@ pub fn register_builtin(registry: &mut Registry) {
     }
 }
 
-/// A registry with every built-in kind ([`register_builtin`]).
+/// A registry with every built-in kind ([`register_builtin`]) and this machine's device probe
+/// ([`runtime::machine::MachineProbe`]).
 pub fn builtin_registry() -> Registry {
     let mut r = Registry::new();
     register_builtin(&mut r);
-    r
+    r.with_device_probe(runtime::machine::MachineProbe)
 }
 
 /// The `main` of a plugin binary, for [`plugin_main!`] (or for a `main` of your own after

@@ -31,17 +31,18 @@ use std::sync::Arc;
 use anyhow::Result;
 use flowrl_algorithms::rewards::{BuiltinReward, RewardFunction};
 use flowrl_engine::{
-    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
-    Port, PortSpec, StepContext, ValidateCtx,
+    BuildContext, Diagnostic, Footprint, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec,
+    Params, PlanCtx, Port, PortSpec, StepContext, ValidateCtx,
 };
 use serde::Deserialize;
 
 use crate::kinds::rollout::{
-    KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, sample_rollouts, stop_token_ids,
-    validate_generation,
+    Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
+    gib_bytes, sample_rollouts, stop_token_ids, validate_generation,
 };
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
+use crate::sizing::{PlannedModel, Prompts};
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, ScoreBatch, port_types};
 
 /// The `eval` kind.
@@ -126,6 +127,37 @@ impl NodeKind for EvalKind {
             ));
         }
         out
+    }
+
+    /// A rollout of `batch_size` validation prompts (n = 1, greedy) with the rollout's default
+    /// budgets.
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<EvalParams>().ok()?;
+        let mut f = Footprint::default();
+        let Some((m, prompts)) = PlannedModel::of(ctx, "model")
+            .and_then(|m| Some((m.clone(), Prompts::upstream(ctx, &m)?)))
+        else {
+            f.not_sized("the model, or the prompts upstream");
+            return Some(f);
+        };
+        generation_footprint(
+            &mut f,
+            &m,
+            ctx,
+            Generation {
+                prompts: Prompts {
+                    per_step: p.batch_size,
+                    ..prompts
+                },
+                n: 1,
+                max_new_tokens: p.max_new_tokens,
+                cache_budget: Some(gib_bytes(KV_CACHE_GIB)),
+                prefill_tokens: Some(MAX_NUM_BATCHED_TOKENS),
+            },
+        );
+        // Evaluated every `every` steps: its FLOPs per step on average.
+        f.flops /= p.every as f64;
+        Some(f)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {

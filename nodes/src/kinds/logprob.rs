@@ -18,7 +18,10 @@ use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
     Port, PortSpec, StepContext, ValidateCtx,
 };
+use flowrl_engine::{Footprint, PlanCtx};
 use serde::Deserialize;
+
+use crate::sizing::{Pass, PlannedModel, inference_footprint};
 
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
@@ -94,6 +97,19 @@ impl NodeKind for LogProbKind {
 
     fn data_parallel(&self) -> bool {
         true
+    }
+
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<LogProbParams>().ok()?;
+        let mut f = Footprint::default();
+        let Some((m, pass)) = PlannedModel::of(ctx, "model")
+            .and_then(|m| Some((m.clone(), Pass::of(ctx, &m, &p.micro, None)?)))
+        else {
+            f.not_sized("the model, or the rollouts upstream");
+            return Some(f);
+        };
+        inference_footprint(&mut f, &m, ctx, pass, p.chunk, true);
+        Some(f)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {

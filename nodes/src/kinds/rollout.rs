@@ -14,10 +14,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use flowrl_engine::{
-    BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
-    Port, PortSpec, StepContext, ValidateCtx,
+    BuildContext, Diagnostic, Footprint, Inputs, Item, Node, NodeKind, Outputs, ParamSchema,
+    ParamSpec, Params, Place, PlanCtx, Port, PortSpec, StepContext, ValidateCtx,
 };
-use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
+use flowrl_models::generate::{
+    GenerationConfig, ModelParts, PromptInput, generate, prompts_per_prefill, reserved_positions,
+    rows_per_budget,
+};
 use flowrl_models::sampling::SamplingConfig;
 use serde::Deserialize;
 
@@ -27,6 +30,7 @@ use crate::kinds::validate::{model_context_length, upstream_prompt_length};
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
 use crate::runtime::data_parallel::{Replicas, shard};
+use crate::sizing::{PlannedModel, Prompts, logit_bytes};
 use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
 
 /// The `rollout` kind.
@@ -158,6 +162,30 @@ impl NodeKind for RolloutKind {
         vec![crate::kinds::validate::GENERATES_ROLLOUTS]
     }
 
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<RolloutParams>().ok()?;
+        let mut f = Footprint::default();
+        let Some((m, prompts)) = PlannedModel::of(ctx, "model")
+            .and_then(|m| Some((m.clone(), Prompts::upstream(ctx, &m)?)))
+        else {
+            f.not_sized("the model, or the prompts upstream");
+            return Some(f);
+        };
+        generation_footprint(
+            &mut f,
+            &m,
+            ctx,
+            Generation {
+                prompts,
+                n: p.n,
+                max_new_tokens: p.max_new_tokens,
+                cache_budget: Some(gib_bytes(p.kv_cache_gib)),
+                prefill_tokens: Some(p.max_num_batched_tokens),
+            },
+        );
+        Some(f)
+    }
+
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: RolloutParams = params.parse()?;
         p.sampling().validate()?;
@@ -170,6 +198,116 @@ impl NodeKind for RolloutKind {
             stop_ids,
         }))
     }
+}
+
+/// What a generating node asks of [`generate`], for its footprint.
+pub(crate) struct Generation {
+    /// The prompts of a generation batch (all replicas together) and their sizes.
+    pub prompts: Prompts,
+    pub n: usize,
+    pub max_new_tokens: usize,
+    pub cache_budget: Option<u64>,
+    pub prefill_tokens: Option<usize>,
+}
+
+/// `GiB` as bytes.
+pub(crate) fn gib_bytes(gib: f64) -> u64 {
+    (gib * (1u64 << 30) as f64) as u64
+}
+
+/// The buffers of [`generate`] per replica, with the chunking it does: rows in chunks whose
+/// reserved KV cache fits the budget ([`rows_per_budget`] of
+/// [`flowrl_models::generate::cache_bytes_per_row`]'s product), distinct prompts prefilled
+/// [`prompts_per_prefill`] at a time. Phases: `prefill` (one forward's activations and vision
+/// pass, the distinct prompts' cache) and `decode` (the chunk's reserved cache, a step's logits
+/// and activations).
+pub(crate) fn generation_footprint(
+    f: &mut Footprint,
+    m: &PlannedModel,
+    ctx: &PlanCtx,
+    g: Generation,
+) {
+    let device = ctx.device();
+    let len = g.prompts.len;
+    let prompts = g.prompts.per_step.div_ceil(ctx.replicas().max(1));
+    let rows = prompts * g.n;
+    let s = &m.shape;
+    let reserved = reserved_positions(len, g.max_new_tokens);
+    let row_bytes = s.kv_cache_bytes_per_token * reserved as u64;
+    let chunk = g
+        .cache_budget
+        .map_or(rows, |b| rows_per_budget(row_bytes, b))
+        .min(rows)
+        .max(1);
+    let distinct = chunk.div_ceil(g.n).min(prompts).max(1);
+    let per_forward = prompts_per_prefill(g.prefill_tokens, len, distinct).min(distinct);
+    let view = compute_view_item(m);
+    let prompt_cache = (distinct * len) as u64 * s.kv_cache_bytes_per_token;
+    let mut prefill = vec![
+        Item::new(
+            format!(
+                "prefill activations ({per_forward} prompts × {len} tokens, {})",
+                g.prompts.source()
+            ),
+            (per_forward * len) as u64 * m.forward_bytes_per_token(len, device),
+            Place::Device,
+        )
+        .hint("lower max_num_batched_tokens on the rollout"),
+        Item::new(
+            "vision tower pass",
+            m.vision_bytes(per_forward, &g.prompts, device, false),
+            Place::Device,
+        ),
+        Item::new(
+            format!("KV cache of {distinct} distinct prompts"),
+            prompt_cache,
+            Place::Device,
+        ),
+    ];
+    prefill.extend(view.clone());
+    prefill.extend(crate::sizing::replica_weights(m));
+    let mut decode = vec![
+        Item::new(
+            format!("KV cache ({chunk} rows × {reserved} positions)"),
+            chunk as u64 * row_bytes,
+            Place::Device,
+        )
+        .hint("lower kv_cache_gib on the rollout (its rows then decode in smaller chunks)"),
+        Item::new(
+            format!("KV cache of {distinct} distinct prompts (repeated n times)"),
+            prompt_cache,
+            Place::Device,
+        ),
+        Item::new(
+            "a decoding step's logits and activations",
+            chunk as u64
+                * (logit_bytes(1, 1, s.vocab, 2)
+                    + m.forward_bytes_per_token(len + g.max_new_tokens, device)),
+            Place::Device,
+        ),
+    ];
+    decode.extend(view);
+    decode.extend(crate::sizing::replica_weights(m));
+    f.phase("prefill", prefill);
+    f.phase("decode", decode);
+    let all_prompts = g.prompts.per_step as u64;
+    let generated = all_prompts * g.n as u64 * g.max_new_tokens as u64;
+    f.flops = m.forward_flops(all_prompts * len as u64, len, 0)
+        + m.vision_flops(g.prompts.per_step, &g.prompts)
+        + m.forward_flops(generated, len + g.max_new_tokens / 2, generated);
+    f.flops_precision = Some(m.precision_name().into());
+}
+
+/// The compute-precision copy of a model stored in f32 (trainable weights under mixed
+/// precision) that a pass makes (`compute_view`).
+pub(crate) fn compute_view_item(m: &PlannedModel) -> Option<Item> {
+    (m.trainable && !m.lora && m.precision != flowrl_models::weights::Precision::F32).then(|| {
+        Item::new(
+            format!("{} view of the weights", m.precision_name()),
+            m.shape.params * m.element(),
+            Place::Device,
+        )
+    })
 }
 
 /// Token ids of stop strings (each must be a single token).
@@ -268,7 +406,7 @@ fn sample_on<B: FlowBackend>(
         stop_token_ids: stop_ids.to_vec(),
         pad_token_id: prompts.pad_token_id,
         suppress_token_ids: suppress,
-        cache_budget: Some((params.kv_cache_gib * (1u64 << 30) as f64) as u64),
+        cache_budget: Some(gib_bytes(params.kv_cache_gib)),
         prefill_tokens: Some(params.max_num_batched_tokens),
     };
     let b = prompts.len() * n;

@@ -21,7 +21,10 @@ use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
     Port, PortSpec, StepContext, ValidateCtx,
 };
+use flowrl_engine::{Footprint, PlanCtx};
 use serde::Deserialize;
+
+use crate::sizing::{Pass, PlannedModel, inference_footprint};
 
 use crate::resources::model::{ModelParams, ModelResource};
 use crate::runtime::backend::{FlowBackend, device_of, on_backend, replica_copy};
@@ -87,6 +90,19 @@ impl NodeKind for ValueKind {
         let mut out: Vec<Diagnostic> = value_model_diagnostics(ctx, "model").into_iter().collect();
         out.extend(micro_batches::diagnostics(ctx));
         out
+    }
+
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<ValueParams>().ok()?;
+        let mut f = Footprint::default();
+        let Some((m, pass)) = PlannedModel::of(ctx, "model")
+            .and_then(|m| Some((m.clone(), Pass::of(ctx, &m, &p.micro, None)?)))
+        else {
+            f.not_sized("the model, or the rollouts upstream");
+            return Some(f);
+        };
+        inference_footprint(&mut f, &m, ctx, pass, None, false);
+        Some(f)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {

@@ -43,17 +43,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use burn::module::{AutodiffModule, Module};
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Diagnostic, ParamChoice, ParamSchema, ParamSpec, Params,
-    ResourceKind, ResourceValue, ValidateCtx,
+    BuildContext, DeviceSpec, Diagnostic, Item, ParamChoice, ParamSchema, ParamSpec, Params, Place,
+    PlanCtx, ResourceKind, ResourcePlan, ResourceValue, ValidateCtx,
 };
 use flowrl_models::Model;
 use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter};
+use flowrl_models::shape::ModelShape;
 use flowrl_models::value_head::{VALUE_HEAD_FILE, ValueHead, ValueModel, initializer_range};
 use flowrl_models::weights::Precision;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
-use crate::runtime::backend::{BackendKind, FlowBackend, on_backend};
+use crate::runtime::backend::{BackendKind, FlowBackend, default_precision_of, on_backend};
+use crate::sizing::PlannedModel;
 use crate::train::optim::AdamW;
 
 /// Counters of the optimizer steps applied to a model (saved with checkpoints).
@@ -565,6 +567,50 @@ impl LoraParams {
     }
 }
 
+/// Host bytes a parsed `tokenizer.json` takes per byte of the file (its vocabulary and merges
+/// in hash maps, with the strings they hold).
+const TOKENIZER_EXPANSION: u64 = 4;
+
+/// `1.23 B parameters`, `45.6 M parameters`.
+pub fn params_text(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2} B parameters", n as f64 / 1e9)
+    } else {
+        format!("{:.2} M parameters", n as f64 / 1e6)
+    }
+}
+
+/// The rank, alpha and targets of a PEFT adapter directory's `adapter_config.json`, without
+/// reading its weights.
+fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
+    let path = dir.join("adapter_config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let rank = json
+        .get("r")
+        .and_then(|v| v.as_u64())
+        .with_context(|| format!("{}: no `r`", path.display()))?;
+    let targets = match json.get("target_modules") {
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect(),
+        _ => vec![flowrl_models::lora::ALL_LINEAR.to_string()],
+    };
+    Ok(LoraConfig {
+        rank: rank as usize,
+        alpha: json
+            .get("lora_alpha")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(rank as f64),
+        dropout: 0.0,
+        target_modules: targets,
+    })
+}
+
 /// The name a graph gives `precision`.
 fn precision_name(p: Precision) -> &'static str {
     match p {
@@ -663,6 +709,149 @@ impl ResourceKind for ModelKind {
             }
         }
         out
+    }
+
+    /// Weights: a trainable model's f32 masters (a LoRA model's base in the compute precision
+    /// and its f32 adapters), a frozen model's weights in the compute precision, nothing for a
+    /// `from` copy of a LoRA model (it shares the base); the tokenizer on the host. The shape is
+    /// a shape-only build of `config.json` ([`ModelShape`]).
+    fn footprint(&self, ctx: &PlanCtx) -> Option<ResourcePlan> {
+        let p = ctx.parse::<ModelParams>().ok()?;
+        let mut plan = ResourcePlan::default();
+        let f = &mut plan.footprint;
+        let source = match &p.from {
+            Some(from) => {
+                let Some(source) = ctx.shape::<PlannedModel>(from) else {
+                    f.not_sized(format!("its source `{from}` could not be sized"));
+                    return Some(plan);
+                };
+                let mut copy = (*source).clone();
+                copy.trainable = false;
+                if source.lora {
+                    copy.lora = false;
+                    plan.shape = Some(Arc::new(copy));
+                    return Some(plan);
+                }
+                f.resident(Item::new(
+                    format!(
+                        "frozen copy of `{from}` ({}, {})",
+                        params_text(copy.shape.params),
+                        copy.precision_name()
+                    ),
+                    copy.shape.params * copy.element(),
+                    Place::Device,
+                ));
+                plan.shape = Some(Arc::new(copy));
+                return Some(plan);
+            }
+            None => p.path.clone()?,
+        };
+        let config = match std::fs::read_to_string(source.join("config.json")) {
+            Ok(c) => c,
+            Err(e) => {
+                f.not_sized(format!("{}/config.json: {e}", source.display()));
+                return Some(plan);
+            }
+        };
+        let precision = match p.precision.as_deref().map(Precision::parse) {
+            Some(Ok(p)) => p,
+            _ => default_precision_of(ctx.device()),
+        };
+        let lora = match &p.lora {
+            None => None,
+            Some(l) => match (&l.adapter, l.rank) {
+                (Some(dir), _) => match read_adapter_config(dir) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        f.not_sized(format!("its adapter: {e:#}"));
+                        return Some(plan);
+                    }
+                },
+                (None, Some(rank)) => Some(LoraConfig {
+                    rank,
+                    alpha: l.alpha,
+                    dropout: l.dropout,
+                    target_modules: l.target_modules.clone(),
+                }),
+                (None, None) => None,
+            },
+        };
+        let shape = match ModelShape::of_config(&config, precision, lora.as_ref()) {
+            Ok(s) => s,
+            Err(e) => {
+                f.not_sized(format!("{}/config.json: {e:#}", source.display()));
+                return Some(plan);
+            }
+        };
+        let trainable = p.trainable.unwrap_or(true);
+        let model = PlannedModel {
+            precision,
+            trainable,
+            lora: lora.is_some(),
+            dir: source.display().to_string(),
+            shape,
+        };
+        let weights = model.shape.params;
+        if model.lora {
+            f.resident(
+                Item::new(
+                    format!(
+                        "frozen base ({}, {})",
+                        params_text(weights),
+                        model.precision_name()
+                    ),
+                    weights * model.element(),
+                    Place::Device,
+                )
+                .hint("precision = \"bf16\" on the model"),
+            );
+            f.resident(Item::new(
+                format!(
+                    "LoRA adapters ({}, f32)",
+                    params_text(model.shape.adapter_params)
+                ),
+                model.shape.adapter_params * 4,
+                Place::Device,
+            ));
+        } else if trainable {
+            f.resident(
+                Item::new(
+                    format!("master weights ({}, f32)", params_text(weights)),
+                    weights * 4,
+                    Place::Device,
+                )
+                .hint("train LoRA adapters (`lora = { rank = 16 }`) instead of every weight"),
+            );
+        } else {
+            f.resident(
+                Item::new(
+                    format!(
+                        "weights ({}, {})",
+                        params_text(weights),
+                        model.precision_name()
+                    ),
+                    weights * model.element(),
+                    Place::Device,
+                )
+                .hint("precision = \"bf16\" on the model"),
+            );
+        }
+        if p.value_head {
+            f.resident(Item::new(
+                "value head (f32)",
+                model.shape.hidden as u64 * 4,
+                Place::Device,
+            ));
+        }
+        if let Ok(meta) = std::fs::metadata(source.join("tokenizer.json")) {
+            f.resident(Item::new(
+                "tokenizer (tokenizer.json, parsed)",
+                meta.len() * TOKENIZER_EXPANSION,
+                Place::Host,
+            ));
+        }
+        plan.shape = Some(Arc::new(model));
+        Some(plan)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<ResourceValue> {

@@ -108,6 +108,27 @@ pub trait FlowBackend: AutodiffBackend {
     const LM_HEAD_CHUNK: usize = 16;
 }
 
+/// [`FlowBackend::LM_HEAD_CHUNK`] of the GPU backends.
+pub const GPU_LM_HEAD_CHUNK: usize = 128;
+
+/// [`FlowBackend::LM_HEAD_CHUNK`] of `device`'s backend, also for a device this binary was
+/// built without (the plan of a GPU machine).
+pub fn lm_head_chunk_of(device: DeviceSpec) -> usize {
+    match device {
+        DeviceSpec::Cpu(_) => CpuBackend::LM_HEAD_CHUNK,
+        DeviceSpec::Cuda(_) | DeviceSpec::Vulkan(_) => GPU_LM_HEAD_CHUNK,
+    }
+}
+
+/// [`FlowBackend::default_precision`] of `device`'s backend, also for a device this binary was
+/// built without.
+pub fn default_precision_of(device: DeviceSpec) -> Precision {
+    match device {
+        DeviceSpec::Cuda(_) => Precision::BF16,
+        DeviceSpec::Cpu(_) | DeviceSpec::Vulkan(_) => Precision::F32,
+    }
+}
+
 impl FlowBackend for CpuBackend {
     const KIND: BackendKind = BackendKind::Cpu;
 
@@ -123,7 +144,7 @@ impl FlowBackend for CpuBackend {
 #[cfg(feature = "cuda")]
 impl FlowBackend for CudaBackend {
     const KIND: BackendKind = BackendKind::Cuda;
-    const LM_HEAD_CHUNK: usize = 128;
+    const LM_HEAD_CHUNK: usize = GPU_LM_HEAD_CHUNK;
 
     fn device(spec: DeviceSpec) -> Result<Self::Device> {
         let DeviceSpec::Cuda(index) = spec else {
@@ -141,14 +162,14 @@ impl FlowBackend for CudaBackend {
     }
 
     fn default_precision() -> Precision {
-        Precision::BF16
+        default_precision_of(DeviceSpec::Cuda(0))
     }
 }
 
 #[cfg(feature = "vulkan")]
 impl FlowBackend for VulkanBackend {
     const KIND: BackendKind = BackendKind::Vulkan;
-    const LM_HEAD_CHUNK: usize = 128;
+    const LM_HEAD_CHUNK: usize = GPU_LM_HEAD_CHUNK;
 
     /// `vulkan:0` is the adapter wgpu prefers (a discrete GPU before an integrated one before a
     /// software driver); `vulkan:N` (N ≥ 1) is discrete GPU N in wgpu's order.

@@ -29,7 +29,13 @@ use flowrl_engine::{
     BuildContext, Capability, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec,
     Params, Payload, Port, PortSpec, StepContext, ValidateCtx, Value,
 };
+use flowrl_engine::{Footprint, Item, Place, PlanCtx};
 use serde::Deserialize;
+
+use flowrl_datasets::dataset::PromptSizes;
+use flowrl_engine::NodeView;
+
+use crate::sizing::{PlannedModel, Prompts};
 
 use crate::kinds::validate::PROMPT_SOURCE;
 use crate::resources::model::ModelResource;
@@ -216,10 +222,125 @@ impl NodeKind for DatasetParquet {
         out
     }
 
+    /// On the host: the rows read at build time (their encoded images, text and token ids:
+    /// [`RECORD_EXPANSION`] × the files' sizes, and [`ROW_STRUCTURES`] per row), a batch's pixel values and the validation
+    /// split's, sized from the first rows of the data ([`prompt_sizes`]).
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<DatasetParams>().ok()?;
+        let mut f = Footprint::default();
+        let files: Vec<PathBuf> = p
+            .train_paths()
+            .into_iter()
+            .chain(p.val_path.clone())
+            .collect();
+        let bytes: u64 = files
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum();
+        let rows: u64 = files
+            .iter()
+            .filter_map(|f| flowrl_datasets::verl::summarize_file(f).ok())
+            .map(|s| s.num_rows as u64)
+            .sum();
+        f.resident(Item::new(
+            format!("{rows} rows read at build (images encoded, text, token ids)"),
+            bytes * RECORD_EXPANSION + rows * ROW_STRUCTURES,
+            Place::Host,
+        ));
+        let sizes = p
+            .model
+            .as_deref()
+            .and_then(|m| ctx.shape::<PlannedModel>(m))
+            .and_then(|m| Prompts::upstream(ctx, &m));
+        let Some(sizes) = sizes else {
+            f.not_sized("the prompts' pixel values (no `model` resource to size them with)");
+            return Some(f);
+        };
+        let pixels = |prompts: usize| (prompts * sizes.pixel_values * 4) as u64;
+        f.resident(
+            Item::new(
+                format!(
+                    "a batch's pixel values (f32, {} a prompt, {})",
+                    sizes.pixel_values,
+                    sizes.source()
+                ),
+                pixels(p.batch_size),
+                Place::Host,
+            )
+            .hint("lower batch_size on the dataset"),
+        );
+        if let Some(val) = &p.val_path {
+            let rows = flowrl_datasets::verl::summarize_file(val).map_or(0, |s| s.num_rows);
+            f.resident(Item::new(
+                format!("the validation split's pixel values ({rows} prompts, f32)"),
+                pixels(rows),
+                Place::Host,
+            ));
+            // Building the split's one batch copies every prompt's pixel values once more.
+            f.phase(
+                "build",
+                vec![Item::new(
+                    "the validation split's batch, being built",
+                    pixels(rows),
+                    Place::Host,
+                )],
+            );
+        }
+        Some(f)
+    }
+
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         Ok(Box::new(build_node(params, ctx)?))
     }
 }
+
+/// Rows of the first training file the plan encodes to size the prompts.
+const SAMPLED_ROWS: usize = 256;
+
+/// The sizes of the prompts of a dataset node `node` (a `dataset.parquet`: `path` or `paths`,
+/// `model` or `model_dir`) from its first training file's first [`SAMPLED_ROWS`] rows, encoded
+/// as the node encodes them; computed once per process for the same files and settings.
+/// `None` when the node is of another kind or its rows cannot be encoded (its build will say
+/// why).
+pub(crate) fn prompt_sizes(node: &NodeView<'_>) -> Option<PromptSizes> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static SAMPLED: Mutex<Option<HashMap<String, Option<PromptSizes>>>> = Mutex::new(None);
+    let p: DatasetParams = node.params().parse().ok()?;
+    let dir = match (&p.model, &p.model_dir) {
+        (Some(name), _) => {
+            let view = node.resource(name)?;
+            PathBuf::from(crate::kinds::validate::model_dir(view)?)
+        }
+        (None, Some(dir)) => dir.clone(),
+        (None, None) => return None,
+    };
+    let first = p.train_paths().into_iter().next()?;
+    let options = p.options(0).ok()?;
+    let key = format!(
+        "{}|{}|{}|{}",
+        first.display(),
+        dir.display(),
+        serde_json::to_string(&options.read).ok()?,
+        p.max_prompt_length
+    );
+    let mut cache = SAMPLED.lock().unwrap_or_else(|e| e.into_inner());
+    *cache
+        .get_or_insert_with(HashMap::new)
+        .entry(key)
+        .or_insert_with(|| {
+            let encoder = PromptEncoder::from_model_dir(&dir).ok()?;
+            flowrl_datasets::dataset::sample_sizes(&first, &encoder, &options, SAMPLED_ROWS).ok()
+        })
+}
+
+/// Host bytes a row read at build time takes per byte of its parquet file (the encoded images as
+/// stored, the rendered text and the token ids).
+const RECORD_EXPANSION: u64 = 2;
+/// Host bytes of a row's parsed structures besides (its messages, `extra_info` as JSON, its
+/// source file and row, the allocations' headers).
+const ROW_STRUCTURES: u64 = 4 << 10;
 
 /// Loads the training (and validation) data: all reading and encoding happens here.
 fn build_node(params: &Params, ctx: &BuildContext) -> Result<DatasetNode> {

@@ -134,6 +134,11 @@ impl NodeKind for FilterGroupsKind {
         out
     }
 
+    /// The kept groups' rows on the host, a few batches' worth: nothing the plan counts.
+    fn footprint(&self, _: &flowrl_engine::PlanCtx) -> Option<flowrl_engine::Footprint> {
+        Some(flowrl_engine::Footprint::default())
+    }
+
     fn build(&self, params: &Params, _ctx: &BuildContext) -> Result<Box<dyn Node>> {
         Ok(Box::new(FilterGroupsNode { p: params.parse()? }))
     }

@@ -85,6 +85,11 @@ impl NodeKind for CombinedRewardKind {
     fn timing_key(&self) -> Option<&str> {
         Some("reward")
     }
+    /// A few numbers per row on the host: nothing the plan counts.
+    fn footprint(&self, _: &flowrl_engine::PlanCtx) -> Option<flowrl_engine::Footprint> {
+        Some(flowrl_engine::Footprint::default())
+    }
+
     fn build(&self, params: &Params, _ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let parts = params
             .parse::<CombinedParams>()?

@@ -62,6 +62,11 @@ impl NodeKind for Geo3kRewardKind {
     fn timing_key(&self) -> Option<&str> {
         Some("reward")
     }
+    /// A few numbers per row on the host: nothing the plan counts.
+    fn footprint(&self, _: &flowrl_engine::PlanCtx) -> Option<flowrl_engine::Footprint> {
+        Some(flowrl_engine::Footprint::default())
+    }
+
     fn build(&self, params: &Params, _ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: Geo3kParams = params.parse()?;
         Ok(Box::new(RewardNode {

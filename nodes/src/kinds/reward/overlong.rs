@@ -97,6 +97,11 @@ impl NodeKind for OverlongRewardKind {
         out
     }
 
+    /// A few numbers per row on the host: nothing the plan counts.
+    fn footprint(&self, _: &flowrl_engine::PlanCtx) -> Option<flowrl_engine::Footprint> {
+        Some(flowrl_engine::Footprint::default())
+    }
+
     fn build(&self, params: &Params, _ctx: &BuildContext) -> Result<Box<dyn Node>> {
         Ok(Box::new(OverlongNode { p: params.parse()? }))
     }

@@ -37,6 +37,11 @@ impl NodeKind for DebugPrint {
     fn params(&self) -> Vec<ParamSpec> {
         PrintParams::param_specs()
     }
+    /// Writes rows as they come: nothing the plan counts.
+    fn footprint(&self, _: &flowrl_engine::PlanCtx) -> Option<flowrl_engine::Footprint> {
+        Some(flowrl_engine::Footprint::default())
+    }
+
     fn build(&self, params: &Params, _ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
         let p: PrintParams = params.parse()?;
         Ok(Box::new(PrintNode {

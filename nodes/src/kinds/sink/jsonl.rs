@@ -42,6 +42,11 @@ impl NodeKind for SinkJsonl {
     fn params(&self) -> Vec<ParamSpec> {
         SinkParams::param_specs()
     }
+    /// Writes rows as they come: nothing the plan counts.
+    fn footprint(&self, _: &flowrl_engine::PlanCtx) -> Option<flowrl_engine::Footprint> {
+        Some(flowrl_engine::Footprint::default())
+    }
+
     fn build(&self, params: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
         let p: SinkParams = params.parse()?;
         let path = p.path;

@@ -40,8 +40,11 @@ use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
     Port, PortSpec, StepContext, ValidateCtx,
 };
+use flowrl_engine::{Footprint, PlanCtx};
 use flowrl_models::value_head::ValueModel;
 use serde::Deserialize;
+
+use crate::sizing::{Pass, PlannedModel, Training, training_footprint};
 
 use crate::kinds::update::support::{
     ADVANTAGES, DONE, ROLLOUTS, done_output, mini_batch_diagnostics, skipped_and_means,
@@ -159,6 +162,34 @@ impl NodeKind for CriticUpdateKind {
         ));
         out.extend(micro_batches::diagnostics(ctx));
         out
+    }
+
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<CriticParams>().ok()?;
+        let mut f = Footprint::default();
+        let n = crate::kinds::validate::upstream_rollout_n(ctx).unwrap_or(1);
+        let mini_rows = p.mini_batch_size.map(|m| m * n);
+        let Some((m, (pass, prompts))) = PlannedModel::of(ctx, "model")
+            .and_then(|m| Some((m.clone(), Pass::of(ctx, &m, &p.micro, mini_rows)?)))
+        else {
+            f.not_sized("the model, or the rollouts upstream");
+            return Some(f);
+        };
+        training_footprint(
+            &mut f,
+            &m,
+            ctx,
+            Training {
+                pass,
+                prompts,
+                chunk: None,
+                lm_head: false,
+                checkpointing: p.checkpointing.gradient_checkpointing,
+                epochs: p.ppo_epochs,
+                vision: !p.optim.freeze_vision_tower,
+            },
+        );
+        Some(f)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {

@@ -66,9 +66,12 @@ use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
     Port, PortSpec, StepContext, ValidateCtx, derive_seed,
 };
+use flowrl_engine::{Footprint, PlanCtx};
 use flowrl_models::lora::DropoutScope;
 use flowrl_models::weights::Precision;
 use serde::Deserialize;
+
+use crate::sizing::{Pass, PlannedModel, Training, training_footprint};
 
 use crate::kinds::update::ppo_loss::PpoLoss;
 use crate::kinds::update::support::{
@@ -287,6 +290,34 @@ impl NodeKind for PpoUpdateKind {
             }
         }
         out
+    }
+
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<PpoParams>().ok()?;
+        let mut f = Footprint::default();
+        let n = crate::kinds::validate::upstream_rollout_n(ctx).unwrap_or(1);
+        let mini_rows = p.mini_batch_size.map(|m| m * n);
+        let Some((m, (pass, prompts))) = PlannedModel::of(ctx, "model")
+            .and_then(|m| Some((m.clone(), Pass::of(ctx, &m, &p.micro, mini_rows)?)))
+        else {
+            f.not_sized("the model, or the rollouts upstream");
+            return Some(f);
+        };
+        training_footprint(
+            &mut f,
+            &m,
+            ctx,
+            Training {
+                pass,
+                prompts,
+                chunk: p.chunk,
+                lm_head: true,
+                checkpointing: p.checkpointing.gradient_checkpointing,
+                epochs: p.ppo_epochs,
+                vision: !p.optim.freeze_vision_tower,
+            },
+        );
+        Some(f)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {

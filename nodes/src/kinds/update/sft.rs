@@ -29,7 +29,13 @@ use flowrl_engine::{
     BuildContext, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params, Port, PortSpec,
     StepContext, derive_seed,
 };
+use flowrl_engine::{Footprint, PlanCtx};
 use serde::Deserialize;
+
+use crate::sizing::{Pass, PlannedModel, Prompts, Training, training_footprint};
+
+/// Answer tokens per row the plan sizes an SFT step with.
+const ANSWER_TOKENS: usize = 32;
 
 use crate::kinds::update::support::{DONE, done_output};
 use crate::resources::model::ModelResource;
@@ -95,6 +101,49 @@ impl NodeKind for SftUpdateKind {
 
     fn data_parallel(&self) -> bool {
         true
+    }
+
+    /// Rows are the dataset's prompts (sized as [`Prompts::upstream`] finds them) plus an answer
+    /// sized at [`ANSWER_TOKENS`] (the answers' lengths are the data's).
+    fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
+        let p = ctx.parse::<SftParams>().ok()?;
+        let mut f = Footprint::default();
+        let Some((m, prompts)) = PlannedModel::of(ctx, "model")
+            .and_then(|m| Some((m.clone(), Prompts::upstream(ctx, &m)?)))
+        else {
+            f.not_sized("the model, or the prompts upstream");
+            return Some(f);
+        };
+        let rows = prompts.per_step;
+        let replica_rows = rows.div_ceil(ctx.replicas().max(1));
+        let pass = Pass {
+            rows,
+            replica_rows,
+            micro_rows: p
+                .micro_batch_size
+                .unwrap_or(replica_rows)
+                .min(replica_rows)
+                .max(1),
+            len: prompts.len + ANSWER_TOKENS,
+            response: ANSWER_TOKENS,
+            mini_rows: replica_rows,
+            n: 1,
+        };
+        training_footprint(
+            &mut f,
+            &m,
+            ctx,
+            Training {
+                pass,
+                prompts,
+                chunk: p.chunk,
+                lm_head: true,
+                checkpointing: p.checkpointing.gradient_checkpointing,
+                epochs: 1,
+                vision: !p.optim.freeze_vision_tower,
+            },
+        );
+        Some(f)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
