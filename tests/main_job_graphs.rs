@@ -21,8 +21,13 @@ const FIXTURES: &[&str] = &[
 /// memory check says (tests/plan.rs); these tests check the rest of the graph.
 fn validate(extra: &[&str]) -> Output {
     let mut args = vec!["validate", GRAPH, "--force"];
-    args.extend_from_slice(FIXTURES);
     args.extend_from_slice(extra);
+    on_fixtures(args)
+}
+
+/// The binary with `args` and the fixtures' overrides, in the repository root.
+fn on_fixtures(mut args: Vec<&str>) -> Output {
+    args.extend_from_slice(FIXTURES);
     Command::new(BIN)
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
         .args(&args)
@@ -40,15 +45,9 @@ fn the_geo3k_graph_validates_against_the_fixtures() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains(": ok ("));
     // On an H200 (datasheet figures) the real recipe's rollout, log-prob and update fit.
-    let mut args = vec![
+    let out = on_fixtures(vec![
         "plan", GRAPH, "--json", "--gpu", "h200", "--device", "cuda:0",
-    ];
-    args.extend_from_slice(FIXTURES);
-    let out = Command::new(BIN)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .args(&args)
-        .output()
-        .unwrap();
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["devices"]["cuda:0"]["fits"], true, "{plan}");

@@ -4,9 +4,10 @@
 //! these with its own parameters; the rollout's KV-cache chunks and prefill forwards come from
 //! the very functions `flowrl_models::generate` divides its budgets with.
 //!
-//! Widths: `H` hidden (or the attention's `heads · head_dim` when wider), `I` intermediate, `V` vocabulary, `L` a sequence's length, `h` attention
-//! heads, `e` bytes per element of the compute precision (4 for f32, 2 for bf16). Live buffers
-//! per token of one decoder layer's forward, burn's ops unfused:
+//! Widths: `H` hidden (or the attention's `heads · head_dim` when wider), `I` intermediate, `V`
+//! vocabulary, `L` a sequence's length, `h` attention heads, `e` bytes per element of the
+//! compute precision (4 for f32, 2 for bf16). Live buffers per token of one decoder layer's
+//! forward, burn's ops unfused:
 //!
 //! - inference (nothing kept for a backward; one layer alive at a time):
 //!   `e · (FORWARD_H · H + FORWARD_I · I)`;
@@ -22,7 +23,7 @@
 //!
 //! The coefficients count the buffers of the code paths (`models/src/layers.rs`,
 //! `nodes/src/train/sequences.rs`); `bench/results/plan.md` holds the measurements they are
-//! checked against.
+//! checked against (the tiny models' un-checkpointed training keeps more than they count).
 
 use std::sync::Arc;
 
@@ -274,6 +275,39 @@ impl Prompts {
             "bound: max_prompt_length, all image tokens".into()
         }
     }
+}
+
+/// The model a node names with `model` and the prompts upstream; records in `f` what cannot be
+/// sized.
+pub fn planned_prompts(ctx: &PlanCtx, f: &mut Footprint) -> Option<(Arc<PlannedModel>, Prompts)> {
+    let found = PlannedModel::of(ctx, "model").and_then(|m| {
+        let prompts = Prompts::upstream(ctx, &m)?;
+        Some((m, prompts))
+    });
+    if found.is_none() {
+        f.not_sized("the model, or the prompts upstream");
+    }
+    found
+}
+
+/// The model a node names with `model` and its pass over the rollouts upstream, in
+/// micro-batches of `micro` and mini-batches of `mini_batch_size` prompts (an update's); records
+/// in `f` what cannot be sized.
+pub fn planned_pass(
+    ctx: &PlanCtx,
+    f: &mut Footprint,
+    micro: &crate::train::micro_batches::MicroBatchParams,
+    mini_batch_size: Option<usize>,
+) -> Option<(Arc<PlannedModel>, Pass, Prompts)> {
+    let n = crate::kinds::validate::upstream_rollout_n(ctx).unwrap_or(1);
+    let found = PlannedModel::of(ctx, "model").and_then(|m| {
+        let (pass, prompts) = Pass::of(ctx, &m, micro, mini_batch_size.map(|b| b * n))?;
+        Some((m, pass, prompts))
+    });
+    if found.is_none() {
+        f.not_sized("the model, or the rollouts upstream");
+    }
+    found
 }
 
 /// The rows a pass over a rollout batch takes per replica and per micro-batch, from the

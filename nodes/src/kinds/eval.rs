@@ -42,7 +42,7 @@ use crate::kinds::rollout::{
 };
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
-use crate::sizing::{PlannedModel, Prompts};
+use crate::sizing::{Prompts, planned_prompts};
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, ScoreBatch, port_types};
 
 /// The `eval` kind.
@@ -134,10 +134,7 @@ impl NodeKind for EvalKind {
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
         let p = ctx.parse::<EvalParams>().ok()?;
         let mut f = Footprint::default();
-        let Some((m, prompts)) = PlannedModel::of(ctx, "model")
-            .and_then(|m| Some((m.clone(), Prompts::upstream(ctx, &m)?)))
-        else {
-            f.not_sized("the model, or the prompts upstream");
+        let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
             return Some(f);
         };
         generation_footprint(

@@ -21,7 +21,7 @@ use flowrl_engine::{
 use flowrl_engine::{Footprint, PlanCtx};
 use serde::Deserialize;
 
-use crate::sizing::{Pass, PlannedModel, inference_footprint};
+use crate::sizing::{inference_footprint, planned_pass};
 
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
@@ -102,13 +102,10 @@ impl NodeKind for LogProbKind {
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
         let p = ctx.parse::<LogProbParams>().ok()?;
         let mut f = Footprint::default();
-        let Some((m, pass)) = PlannedModel::of(ctx, "model")
-            .and_then(|m| Some((m.clone(), Pass::of(ctx, &m, &p.micro, None)?)))
-        else {
-            f.not_sized("the model, or the rollouts upstream");
+        let Some((m, pass, prompts)) = planned_pass(ctx, &mut f, &p.micro, None) else {
             return Some(f);
         };
-        inference_footprint(&mut f, &m, ctx, pass, p.chunk, true);
+        inference_footprint(&mut f, &m, ctx, (pass, prompts), p.chunk, true);
         Some(f)
     }
 

@@ -30,7 +30,7 @@ use crate::kinds::validate::{model_context_length, upstream_prompt_length};
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
 use crate::runtime::data_parallel::{Replicas, shard};
-use crate::sizing::{PlannedModel, Prompts, logit_bytes};
+use crate::sizing::{PlannedModel, Prompts, logit_bytes, planned_prompts};
 use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
 
 /// The `rollout` kind.
@@ -165,10 +165,7 @@ impl NodeKind for RolloutKind {
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
         let p = ctx.parse::<RolloutParams>().ok()?;
         let mut f = Footprint::default();
-        let Some((m, prompts)) = PlannedModel::of(ctx, "model")
-            .and_then(|m| Some((m.clone(), Prompts::upstream(ctx, &m)?)))
-        else {
-            f.not_sized("the model, or the prompts upstream");
+        let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
             return Some(f);
         };
         generation_footprint(

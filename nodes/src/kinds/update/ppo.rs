@@ -71,7 +71,7 @@ use flowrl_models::lora::DropoutScope;
 use flowrl_models::weights::Precision;
 use serde::Deserialize;
 
-use crate::sizing::{Pass, PlannedModel, Training, training_footprint};
+use crate::sizing::{Training, planned_pass, training_footprint};
 
 use crate::kinds::update::ppo_loss::PpoLoss;
 use crate::kinds::update::support::{
@@ -295,12 +295,8 @@ impl NodeKind for PpoUpdateKind {
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
         let p = ctx.parse::<PpoParams>().ok()?;
         let mut f = Footprint::default();
-        let n = crate::kinds::validate::upstream_rollout_n(ctx).unwrap_or(1);
-        let mini_rows = p.mini_batch_size.map(|m| m * n);
-        let Some((m, (pass, prompts))) = PlannedModel::of(ctx, "model")
-            .and_then(|m| Some((m.clone(), Pass::of(ctx, &m, &p.micro, mini_rows)?)))
+        let Some((m, pass, prompts)) = planned_pass(ctx, &mut f, &p.micro, p.mini_batch_size)
         else {
-            f.not_sized("the model, or the rollouts upstream");
             return Some(f);
         };
         training_footprint(

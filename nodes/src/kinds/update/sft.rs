@@ -32,7 +32,7 @@ use flowrl_engine::{
 use flowrl_engine::{Footprint, PlanCtx};
 use serde::Deserialize;
 
-use crate::sizing::{Pass, PlannedModel, Prompts, Training, training_footprint};
+use crate::sizing::{Pass, Training, planned_prompts, training_footprint};
 
 /// Answer tokens per row the plan sizes an SFT step with.
 const ANSWER_TOKENS: usize = 32;
@@ -108,10 +108,7 @@ impl NodeKind for SftUpdateKind {
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
         let p = ctx.parse::<SftParams>().ok()?;
         let mut f = Footprint::default();
-        let Some((m, prompts)) = PlannedModel::of(ctx, "model")
-            .and_then(|m| Some((m.clone(), Prompts::upstream(ctx, &m)?)))
-        else {
-            f.not_sized("the model, or the prompts upstream");
+        let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
             return Some(f);
         };
         let rows = prompts.per_step;
