@@ -38,7 +38,9 @@ use burn::tensor::DType;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 mod peft;
-pub use peft::{AdapterTensors, module_path, read_peft_adapter, write_peft_adapter};
+pub use peft::{
+    AdapterTensors, module_path, read_peft_adapter, read_peft_config, write_peft_adapter,
+};
 
 use crate::checkpoint::Checkpoint;
 use crate::model::Model;

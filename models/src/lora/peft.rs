@@ -108,9 +108,71 @@ pub fn write_peft_adapter(
     Ok(())
 }
 
-/// Reads a PEFT adapter directory: its config (rank, alpha, dropout, target modules) and weights.
-/// Refuses what flowrl does not implement (DoRA, rsLoRA, per-module ranks, adapted biases).
+/// Reads a PEFT adapter directory: its config ([`read_peft_config`]) and weights.
 pub fn read_peft_adapter(dir: &Path) -> Result<(LoraConfig, StoredAdapter)> {
+    let config = read_peft_config(dir)?;
+    let file = dir.join("adapter_model.safetensors");
+    let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("parsing safetensors {}", file.display()))?;
+    let mut a_parts = HashMap::new();
+    let mut b_parts = HashMap::new();
+    for (name, view) in st.tensors() {
+        let key = name.strip_prefix(PEFT_PREFIX).unwrap_or(&name);
+        let (module, which) = if let Some(m) = key
+            .strip_suffix(".lora_A.weight")
+            .or_else(|| key.strip_suffix(".lora_A.default.weight"))
+        {
+            (m, 'A')
+        } else if let Some(m) = key
+            .strip_suffix(".lora_B.weight")
+            .or_else(|| key.strip_suffix(".lora_B.default.weight"))
+        {
+            (m, 'B')
+        } else {
+            bail!(
+                "{}: tensor `{name}` is not a LoRA weight (lora_A/lora_B); modules_to_save and \
+                 trained biases are not supported",
+                file.display()
+            );
+        };
+        let values = host_f32(&view).with_context(|| format!("{}: {name}", file.display()))?;
+        let entry = (view.shape().to_vec(), values);
+        let module = normalize_name(module);
+        if which == 'A' {
+            a_parts.insert(module, entry);
+        } else {
+            b_parts.insert(module, entry);
+        }
+    }
+    let mut tensors = HashMap::new();
+    for (module, a) in a_parts {
+        let b = b_parts
+            .remove(&module)
+            .with_context(|| format!("{}: {module} has lora_A but no lora_B", file.display()))?;
+        tensors.insert(module, (a, b));
+    }
+    if let Some(module) = b_parts.keys().next() {
+        bail!("{}: {module} has lora_B but no lora_A", file.display());
+    }
+    ensure!(
+        !tensors.is_empty(),
+        "{} holds no adapter weights",
+        file.display()
+    );
+    Ok((
+        config,
+        StoredAdapter {
+            dir: dir.display().to_string(),
+            tensors,
+        },
+    ))
+}
+
+/// The config of a PEFT adapter directory (`adapter_config.json`: rank, alpha, dropout, target
+/// modules), without its weights. Refuses what flowrl does not implement (DoRA, rsLoRA,
+/// per-module ranks, adapted biases).
+pub fn read_peft_config(dir: &Path) -> Result<LoraConfig> {
     let path = dir.join("adapter_config.json");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -174,63 +236,7 @@ pub fn read_peft_adapter(dir: &Path) -> Result<(LoraConfig, StoredAdapter)> {
     config
         .validate()
         .with_context(|| format!("in {}", path.display()))?;
-
-    let file = dir.join("adapter_model.safetensors");
-    let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("parsing safetensors {}", file.display()))?;
-    let mut a_parts = HashMap::new();
-    let mut b_parts = HashMap::new();
-    for (name, view) in st.tensors() {
-        let key = name.strip_prefix(PEFT_PREFIX).unwrap_or(&name);
-        let (module, which) = if let Some(m) = key
-            .strip_suffix(".lora_A.weight")
-            .or_else(|| key.strip_suffix(".lora_A.default.weight"))
-        {
-            (m, 'A')
-        } else if let Some(m) = key
-            .strip_suffix(".lora_B.weight")
-            .or_else(|| key.strip_suffix(".lora_B.default.weight"))
-        {
-            (m, 'B')
-        } else {
-            bail!(
-                "{}: tensor `{name}` is not a LoRA weight (lora_A/lora_B); modules_to_save and \
-                 trained biases are not supported",
-                file.display()
-            );
-        };
-        let values = host_f32(&view).with_context(|| format!("{}: {name}", file.display()))?;
-        let entry = (view.shape().to_vec(), values);
-        let module = normalize_name(module);
-        if which == 'A' {
-            a_parts.insert(module, entry);
-        } else {
-            b_parts.insert(module, entry);
-        }
-    }
-    let mut tensors = HashMap::new();
-    for (module, a) in a_parts {
-        let b = b_parts
-            .remove(&module)
-            .with_context(|| format!("{}: {module} has lora_A but no lora_B", file.display()))?;
-        tensors.insert(module, (a, b));
-    }
-    if let Some(module) = b_parts.keys().next() {
-        bail!("{}: {module} has lora_B but no lora_A", file.display());
-    }
-    ensure!(
-        !tensors.is_empty(),
-        "{} holds no adapter weights",
-        file.display()
-    );
-    Ok((
-        config,
-        StoredAdapter {
-            dir: dir.display().to_string(),
-            tensors,
-        },
-    ))
+    Ok(config)
 }
 
 fn host_f32(view: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>> {

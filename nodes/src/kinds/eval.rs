@@ -38,7 +38,7 @@ use serde::Deserialize;
 
 use crate::kinds::rollout::{
     Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
-    gib_bytes, sample_rollouts, stop_token_ids, validate_generation,
+    sample_rollouts, stop_token_ids, validate_generation,
 };
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
@@ -73,6 +73,25 @@ struct EvalParams {
     /// extra stop tokens (each must be one token of the tokenizer), besides the model's EOS
     #[serde(default)]
     stop: Vec<String>,
+}
+
+impl EvalParams {
+    /// The greedy rollout (n = 1) an evaluation batch is generated with, at the rollout's
+    /// default budgets.
+    fn rollout(&self) -> RolloutParams {
+        RolloutParams {
+            model: self.model.clone(),
+            n: 1,
+            max_new_tokens: self.max_new_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            greedy: true,
+            stop: Vec::new(),
+            kv_cache_gib: KV_CACHE_GIB,
+            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
+        }
+    }
 }
 
 impl NodeKind for EvalKind {
@@ -137,21 +156,11 @@ impl NodeKind for EvalKind {
         let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
             return Some(f);
         };
-        generation_footprint(
-            &mut f,
-            &m,
-            ctx,
-            Generation {
-                prompts: Prompts {
-                    per_step: p.batch_size,
-                    ..prompts
-                },
-                n: 1,
-                max_new_tokens: p.max_new_tokens,
-                cache_budget: Some(gib_bytes(KV_CACHE_GIB)),
-                prefill_tokens: Some(MAX_NUM_BATCHED_TOKENS),
-            },
-        );
+        let prompts = Prompts {
+            per_step: p.batch_size,
+            ..prompts
+        };
+        generation_footprint(&mut f, &m, ctx, Generation::of(&p.rollout(), prompts));
         // Evaluated every `every` steps: its FLOPs per step on average.
         f.flops /= p.every as f64;
         Some(f)
@@ -191,18 +200,7 @@ impl Node for EvalNode {
             return Ok(Outputs::new());
         }
         let prompts = inputs.get_arc(PROMPTS)?;
-        let params = RolloutParams {
-            model: self.p.model.clone(),
-            n: 1,
-            max_new_tokens: self.p.max_new_tokens,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            greedy: true,
-            stop: Vec::new(),
-            kv_cache_gib: KV_CACHE_GIB,
-            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
-        };
+        let params = self.p.rollout();
         let mut per_source: BTreeMap<String, SourceStats> = BTreeMap::new();
         let mut lengths = 0usize;
         let mut total = 0usize;

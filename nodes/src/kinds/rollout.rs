@@ -168,18 +168,7 @@ impl NodeKind for RolloutKind {
         let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
             return Some(f);
         };
-        generation_footprint(
-            &mut f,
-            &m,
-            ctx,
-            Generation {
-                prompts,
-                n: p.n,
-                max_new_tokens: p.max_new_tokens,
-                cache_budget: Some(gib_bytes(p.kv_cache_gib)),
-                prefill_tokens: Some(p.max_num_batched_tokens),
-            },
-        );
+        generation_footprint(&mut f, &m, ctx, Generation::of(&p, prompts));
         Some(f)
     }
 
@@ -207,8 +196,22 @@ pub(crate) struct Generation {
     pub prefill_tokens: Option<usize>,
 }
 
+impl Generation {
+    /// What a rollout with `params` asks of [`generate`] for `prompts`: the budgets
+    /// [`sample_rollouts`] gives it.
+    pub(crate) fn of(params: &RolloutParams, prompts: Prompts) -> Self {
+        Generation {
+            prompts,
+            n: params.n,
+            max_new_tokens: params.max_new_tokens,
+            cache_budget: Some(gib_bytes(params.kv_cache_gib)),
+            prefill_tokens: Some(params.max_num_batched_tokens),
+        }
+    }
+}
+
 /// `GiB` as bytes.
-pub(crate) fn gib_bytes(gib: f64) -> u64 {
+fn gib_bytes(gib: f64) -> u64 {
     (gib * (1u64 << 30) as f64) as u64
 }
 

@@ -47,7 +47,7 @@ use flowrl_engine::{
     PlanCtx, ResourceKind, ResourcePlan, ResourceValue, ValidateCtx,
 };
 use flowrl_models::Model;
-use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter};
+use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter, read_peft_config};
 use flowrl_models::shape::ModelShape;
 use flowrl_models::value_head::{VALUE_HEAD_FILE, ValueHead, ValueModel, initializer_range};
 use flowrl_models::weights::Precision;
@@ -580,37 +580,6 @@ pub fn params_text(n: u64) -> String {
     }
 }
 
-/// The rank, alpha and targets of a PEFT adapter directory's `adapter_config.json`, without
-/// reading its weights.
-fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
-    let path = dir.join("adapter_config.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let rank = json
-        .get("r")
-        .and_then(|v| v.as_u64())
-        .with_context(|| format!("{}: no `r`", path.display()))?;
-    let targets = match json.get("target_modules") {
-        Some(serde_json::Value::String(s)) => vec![s.clone()],
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .filter_map(|v| v.as_str().map(String::from))
-            .collect(),
-        _ => vec![flowrl_models::lora::ALL_LINEAR.to_string()],
-    };
-    Ok(LoraConfig {
-        rank: rank as usize,
-        alpha: json
-            .get("lora_alpha")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(rank as f64),
-        dropout: 0.0,
-        target_modules: targets,
-    })
-}
-
 /// The name a graph gives `precision`.
 fn precision_name(p: Precision) -> &'static str {
     match p {
@@ -760,7 +729,7 @@ impl ResourceKind for ModelKind {
         let lora = match &p.lora {
             None => None,
             Some(l) => match (&l.adapter, l.rank) {
-                (Some(dir), _) => match read_adapter_config(dir) {
+                (Some(dir), _) => match read_peft_config(dir) {
                     Ok(c) => Some(c),
                     Err(e) => {
                         f.not_sized(format!("its adapter: {e:#}"));
