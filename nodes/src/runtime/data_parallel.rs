@@ -1,23 +1,26 @@
 //! Data parallelism: one replica of a node per device of its [`Placement`], in every process of
-//! the run, and the collective operations between replicas (burn-collective).
+//! the run, and the collective operations between replicas.
 //!
 //! A data-parallel node splits its work (prompts, rows, the rows of each mini-batch) over the
 //! run's `W = devices × processes` replicas by their **global** index ([`shard`]); each replica
-//! computes its share in its own thread, and the shares meet in an all-reduce:
+//! computes its share in its own thread, and the shares meet in collective operations on flat
+//! `f32` buffers ([`Replica`]): all-reduce (sum), reduce-scatter (sum), all-gather, broadcast
+//! and barrier.
 //!
 //! - *gather* (rollout, log-probs): every replica writes its rows into a zero matrix of the whole
 //!   batch; the all-reduce **sum** of those matrices is the whole batch on every replica. Adding
 //!   zeros is exact, so the gathered values are bit-identical to the replicas' own.
-//! - *gradients* (updates): each replica's gradient, flattened in the model's parameter order, is
-//!   summed and divided by `W` — the mean all-reduce of verl's FSDP actor, whose losses carry the
-//!   factor `W` (`GlobalBatchInfo::dp_size`) so that the mean is the gradient of the whole
-//!   mini-batch loss.
+//! - *gradients* (updates, [`crate::train::replicated`]): each replica's gradient, flattened in
+//!   the model's parameter order, is summed and divided by `W` — the mean all-reduce of verl's
+//!   FSDP actor — or reduce-scattered to the replica that owns each parameter (ZeRO stage 2).
 //!
-//! Within a process the collective engine is burn-collective's local server (one peer per
-//! replica thread); across processes its global orchestrator (`flowrl orchestrator`) connects the
-//! processes' tensor services. Every collective call waits at most `Cluster::timeout` (10 min in
-//! one process) for the other replicas: a replica that failed stops its siblings at once, and a
-//! process that died or never joined stops the others with an error naming the wait, not a hang.
+//! Within a process the replicas meet in a [`LocalGroup`] (shared memory, sums in replica
+//! order, so every replica gets the same bits). Across processes one replica of each process
+//! (its first) carries the process's part to the others through burn-collective's global
+//! orchestrator (`flowrl orchestrator`), and shares the answer with its siblings. Every wait
+//! gives up after `Cluster::timeout` (10 min in one process): a replica that failed stops its
+//! siblings at once, and a process that died or never joined stops the others with an error
+//! naming the wait, not a hang.
 //!
 //! With one replica in all (the default), no collective is set up and the work runs inline.
 
@@ -34,6 +37,7 @@ use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
 use flowrl_engine::{Cluster, DeviceSpec, Placement};
 
 use crate::runtime::backend::{BackendKind, HostBackend};
+use crate::runtime::collective::local::{Aborted, Deposit, LocalGroup, sum_in_order};
 
 /// How long replicas of one process wait for each other when no cluster timeout is given.
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(600);
@@ -42,7 +46,7 @@ const LOCAL_TIMEOUT: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug)]
 pub struct Replicas {
     placement: Placement,
-    /// The node's name: labels its collective operations (see [`Replica::all_reduce_sum`]).
+    /// The node's name: labels its collective operations.
     node: String,
 }
 
@@ -53,12 +57,19 @@ pub struct Replica<'a> {
     pub index: usize,
     /// Replicas over all processes.
     pub world: usize,
+    /// Index among this process's replicas, `0..local`.
+    pub local_index: usize,
     /// The device of this replica (`FlowBackend::device` makes it a burn device).
     pub device: DeviceSpec,
-    peer: PeerId,
+    /// The meeting point of this process's replicas; `None` when this replica is the only one.
+    group: Option<&'a LocalGroup>,
+    /// Replicas of this process, and the global index of its first.
+    local: usize,
+    first: usize,
+    /// The run's processes, when there are several.
+    cluster: Option<&'a Cluster>,
     timeout: Duration,
     abort: &'a AtomicBool,
-    collective: bool,
     node: &'a str,
     /// Collective calls made so far by this replica in this operation.
     calls: std::cell::Cell<u64>,
@@ -94,20 +105,62 @@ impl Replicas {
         self.placement.world_replicas()
     }
 
+    /// Replicas in this process.
+    pub fn local(&self) -> usize {
+        self.placement.local_replicas()
+    }
+
+    /// This process's devices, one replica each.
+    pub fn devices(&self) -> &[DeviceSpec] {
+        &self.placement.devices
+    }
+
+    /// Global index of this process's first replica.
+    pub fn first(&self) -> usize {
+        self.placement.first_replica()
+    }
+
     /// Runs `work` once per local replica, each in its own thread (inline with one replica in
     /// all), and returns the results in local replica order. The first error stops the other
     /// replicas' collective waits and is returned.
     pub fn run<T: Send>(&self, work: impl Fn(&Replica<'_>) -> Result<T> + Sync) -> Result<Vec<T>> {
         let world = self.world();
         let abort = AtomicBool::new(false);
+        let p = &self.placement;
+        let timeout = timeout_of(p);
         if world == 1 {
-            let device = self.placement.devices[0];
-            let r = Replica::new(0, 1, device, LOCAL_TIMEOUT, &abort, false, &self.node);
+            let r = Replica::new(p, 0, None, timeout, &abort, &self.node);
             return Ok(vec![work(&r)?]);
         }
-        let guard = CollectiveSession::acquire(&self.placement)?;
-        let first = self.placement.first_replica();
-        let results = on_local_replicas(&self.placement, &self.node, work);
+        let session = match &p.cluster {
+            Some(c) => Some(CollectiveSession::acquire(c)?),
+            None => None,
+        };
+        let group = LocalGroup::new(p.local_replicas(), timeout);
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..p.local_replicas())
+                .map(|i| {
+                    let (abort, work, group) = (&abort, &work, &group);
+                    let node = self.node.as_str();
+                    s.spawn(move || {
+                        let r = Replica::new(p, i, Some(group), timeout, abort, node);
+                        let out = work(&r);
+                        if out.is_err() {
+                            abort.store(true, Ordering::SeqCst);
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("a replica thread panicked")))
+                })
+                .collect::<Vec<_>>()
+        });
+        let first = p.first_replica();
         let mut out = Vec::with_capacity(results.len());
         // A sibling stopped by the failure reports `Aborted`; the error to return is the cause.
         let (mut cause, mut aborted) = (None, None);
@@ -124,63 +177,17 @@ impl Replicas {
                 }
             }
         }
-        let first_error = cause.or(aborted);
-        match first_error {
+        match cause.or(aborted) {
             None => Ok(out),
             Some(e) => {
-                guard.poison();
+                if let Some(s) = session {
+                    s.poison();
+                }
                 Err(e)
             }
         }
     }
 }
-
-/// Runs `work` on one thread per local replica of `p`, each a collective peer with its global
-/// index, and returns every result in local order; a failing replica sets the abort flag its
-/// siblings' collective waits poll.
-fn on_local_replicas<T: Send>(
-    p: &Placement,
-    node: &str,
-    work: impl Fn(&Replica<'_>) -> Result<T> + Sync,
-) -> Vec<Result<T>> {
-    let abort = AtomicBool::new(false);
-    let (timeout, first, world) = (timeout_of(p), p.first_replica(), p.world_replicas());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..p.local_replicas())
-            .map(|i| {
-                let (abort, work) = (&abort, &work);
-                let device = p.devices[i];
-                s.spawn(move || {
-                    let r = Replica::new(first + i, world, device, timeout, abort, true, node);
-                    let out = work(&r);
-                    if out.is_err() {
-                        abort.store(true, Ordering::SeqCst);
-                    }
-                    out
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a replica thread panicked")))
-            })
-            .collect()
-    })
-}
-
-/// The error a replica returns when a sibling failed first.
-#[derive(Debug)]
-struct Aborted;
-
-impl std::fmt::Display for Aborted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("stopped because another replica failed")
-    }
-}
-
-impl std::error::Error for Aborted {}
 
 fn is_abort(e: &anyhow::Error) -> bool {
     e.downcast_ref::<Aborted>().is_some()
@@ -191,46 +198,202 @@ fn timeout_of(p: &Placement) -> Duration {
 }
 
 impl<'a> Replica<'a> {
-    /// Replica `index` of `world` (its collective peer id is its index); without `collective`
-    /// it is the only one and its collective operations are identities.
+    /// Local replica `local_index` of placement `p`; without `group` it is the only replica in
+    /// all and its collective operations are identities.
     fn new(
-        index: usize,
-        world: usize,
-        device: DeviceSpec,
+        p: &'a Placement,
+        local_index: usize,
+        group: Option<&'a LocalGroup>,
         timeout: Duration,
         abort: &'a AtomicBool,
-        collective: bool,
         node: &'a str,
     ) -> Self {
         Replica {
-            index,
-            world,
-            device,
-            peer: PeerId(index as u32),
+            index: p.first_replica() + local_index,
+            world: p.world_replicas(),
+            local_index,
+            device: p.devices[local_index],
+            group,
+            local: p.local_replicas(),
+            first: p.first_replica(),
+            cluster: p.cluster.as_ref(),
             timeout,
             abort,
-            collective,
             node,
             calls: Default::default(),
         }
     }
 
-    /// The element-wise sum of `values` over all replicas (every replica passes the same length).
-    ///
-    /// Replicas pair their collective calls by order. To catch a mismatch (processes running
-    /// different graphs or settings) instead of summing unrelated numbers, each call appends a
-    /// label — an integer below 2^16 derived from the node's name and the call's index — and
-    /// checks that the sum of the labels is `world ×` its own (exact in f32).
-    pub fn all_reduce_sum(&self, mut values: Vec<f32>) -> Result<Vec<f32>> {
-        if !self.collective {
-            return Ok(values);
-        }
+    /// One round with this process's other replicas: every local replica's `data`, in local
+    /// order (just this one's when it is alone in its process).
+    fn exchange(&self, op: &str, data: Vec<f32>) -> Result<Vec<Deposit>> {
         let call = self.calls.get();
         self.calls.set(call + 1);
+        match self.group {
+            Some(g) if self.local > 1 => {
+                let label = format!("{op} #{call} of node `{}`", self.node);
+                g.exchange(self.local_index, call, &label, data, self.abort)
+            }
+            _ => Ok(vec![Deposit {
+                label: op.into(),
+                data: std::sync::Arc::new(data),
+            }]),
+        }
+    }
+
+    /// Runs `across` on this process's first replica (the processes' part of an operation) and
+    /// hands its answer to every local replica.
+    fn across(&self, op: &str, across: impl FnOnce() -> Result<Vec<f32>>) -> Result<Vec<f32>> {
+        let mine = if self.local_index == 0 {
+            across()?
+        } else {
+            Vec::new()
+        };
+        if self.local == 1 {
+            return Ok(mine);
+        }
+        let all = self.exchange(op, mine)?;
+        Ok(all[0].data.as_ref().clone())
+    }
+
+    fn multi_process(&self) -> bool {
+        self.cluster.is_some_and(|c| c.world > 1)
+    }
+
+    /// The element-wise sum of `values` over all replicas (every replica passes the same length),
+    /// added in replica order within a process, then in process order: every replica gets the
+    /// same bits.
+    pub fn all_reduce_sum(&self, values: Vec<f32>) -> Result<Vec<f32>> {
+        if self.world == 1 {
+            return Ok(values);
+        }
+        let local = sum_in_order(&self.exchange("all-reduce", values)?)?;
+        if !self.multi_process() {
+            return Ok(local);
+        }
+        self.across("all-reduce across processes", || {
+            self.processes_sum(local)
+        })
+    }
+
+    /// Every replica passes its own segment `mine` (`counts[index]` values; `counts` has one
+    /// entry per global replica); returns all segments concatenated in replica order.
+    pub fn all_gather(&self, mine: Vec<f32>, counts: &[usize]) -> Result<Vec<f32>> {
+        self.check_counts("all-gather", counts, Some(mine.len()))?;
+        if self.world == 1 {
+            return Ok(mine);
+        }
+        let parts = self.exchange("all-gather", mine)?;
+        let local: Vec<f32> = parts.iter().flat_map(|d| d.data.iter().copied()).collect();
+        if !self.multi_process() {
+            return Ok(local);
+        }
+        let total: usize = counts.iter().sum();
+        let before: usize = counts[..self.first].iter().sum();
+        self.across("all-gather across processes", || {
+            // Zeros elsewhere: the sum over processes is the concatenation, exactly.
+            let mut m = vec![0.0f32; total];
+            m[before..before + local.len()].copy_from_slice(&local);
+            self.processes_sum(m)
+        })
+    }
+
+    /// Every replica passes a whole buffer (`counts` summed, one count per global replica);
+    /// returns this replica's segment of their element-wise sum (`counts[index]` values from
+    /// `counts[..index]` summed), added in the order of [`Replica::all_reduce_sum`].
+    pub fn reduce_scatter_sum(&self, values: Vec<f32>, counts: &[usize]) -> Result<Vec<f32>> {
+        self.check_counts("reduce-scatter", counts, None)?;
+        let total: usize = counts.iter().sum();
+        ensure!(
+            values.len() == total,
+            "reduce-scatter of {} values where the segments add up to {total}",
+            values.len()
+        );
+        let start: usize = counts[..self.index].iter().sum();
+        let mine = start..start + counts[self.index];
+        if self.world == 1 {
+            return Ok(values);
+        }
+        let sum = self.all_reduce_sum(values)?;
+        Ok(sum[mine].to_vec())
+    }
+
+    /// `values` of replica `root` (global index), on every replica.
+    pub fn broadcast(&self, values: Vec<f32>, root: usize) -> Result<Vec<f32>> {
+        ensure!(root < self.world, "broadcast from replica {root} of {}", self.world);
+        if self.world == 1 {
+            return Ok(values);
+        }
+        let parts = self.exchange("broadcast", values)?;
+        let local_root = root.checked_sub(self.first).filter(|&i| i < self.local);
+        let here = local_root.map(|i| parts[i].data.as_ref().clone());
+        if !self.multi_process() {
+            return Ok(here.expect("the root is local in a one-process run"));
+        }
+        self.across("broadcast across processes", || {
+            // The length first, then the values summed with zeros from the other processes.
+            let len = here.as_ref().map_or(0, Vec::len);
+            let len = self.processes_sum(vec![len as f32])?[0] as usize;
+            self.processes_sum(here.unwrap_or_else(|| vec![0.0; len]))
+        })
+    }
+
+    /// Returns when every replica has called it.
+    pub fn barrier(&self) -> Result<()> {
+        self.all_reduce_sum(Vec::new()).map(|_| ())
+    }
+
+    /// Gathers rows of width `width` from all replicas: `rows` are this replica's
+    /// `(global row, values)`; the result is the `[total_rows, width]` matrix, row-major.
+    pub fn gather_rows(
+        &self,
+        total_rows: usize,
+        width: usize,
+        rows: impl IntoIterator<Item = (usize, Vec<f32>)>,
+    ) -> Result<Vec<f32>> {
+        let mut m = vec![0.0f32; total_rows * width];
+        for (r, v) in rows {
+            ensure!(
+                r < total_rows && v.len() == width,
+                "row {r} of width {} does not fit a [{total_rows}, {width}] gather",
+                v.len()
+            );
+            m[r * width..(r + 1) * width].copy_from_slice(&v);
+        }
+        self.all_reduce_sum(m)
+    }
+
+    fn check_counts(&self, op: &str, counts: &[usize], mine: Option<usize>) -> Result<()> {
+        ensure!(
+            counts.len() == self.world,
+            "{op} with {} segment counts for {} replicas",
+            counts.len(),
+            self.world
+        );
+        if let Some(n) = mine {
+            ensure!(
+                n == counts[self.index],
+                "{op}: replica {} passed {n} values where its segment has {}",
+                self.index,
+                counts[self.index]
+            );
+        }
+        Ok(())
+    }
+
+    /// The sum of `values` over the run's processes (this process's first replica only).
+    ///
+    /// Processes pair their calls by order. To catch a mismatch (processes running different
+    /// graphs or settings) instead of summing unrelated numbers, each call appends a label — an
+    /// integer below 2^16 derived from the node's name and the call's index — and checks that
+    /// the sum of the labels is `processes ×` its own (exact in f32).
+    fn processes_sum(&self, mut values: Vec<f32>) -> Result<Vec<f32>> {
+        let cluster = self.cluster.expect("a multi-process run");
+        let call = self.calls.get();
         let label = (flowrl_engine::derive_seed(call, 0, self.node) % (1 << 16) + 1) as f32;
         values.push(label);
         let len = values.len();
-        let peer = self.peer;
+        let peer = PeerId(cluster.rank as u32);
         let mut out = self.wait("all-reduce", move || {
             let device = Default::default();
             let t = Tensor::<HostBackend, 1>::from_data(TensorData::new(values, [len]), &device);
@@ -253,33 +416,15 @@ impl<'a> Replica<'a> {
         );
         let sum = out.pop().expect("label");
         ensure!(
-            sum == label * self.world as f32,
-            "collective operations out of order: call {call} of node `{}` on replica {} was summed              with other operations (label sum {sum}, expected {}); every process of a run must              run the same graph with the same settings",
+            sum == label * cluster.world as f32,
+            "collective operations out of order: call {call} of node `{}` on process {} was \
+             summed with other operations (label sum {sum}, expected {}); every process of a run \
+             must run the same graph with the same settings",
             self.node,
-            self.index,
-            label * self.world as f32
+            cluster.rank,
+            label * cluster.world as f32
         );
         Ok(out)
-    }
-
-    /// Gathers rows of width `width` from all replicas: `rows` are this replica's
-    /// `(global row, values)`; the result is the `[total_rows, width]` matrix, row-major.
-    pub fn gather_rows(
-        &self,
-        total_rows: usize,
-        width: usize,
-        rows: impl IntoIterator<Item = (usize, Vec<f32>)>,
-    ) -> Result<Vec<f32>> {
-        let mut m = vec![0.0f32; total_rows * width];
-        for (r, v) in rows {
-            ensure!(
-                r < total_rows && v.len() == width,
-                "row {r} of width {} does not fit a [{total_rows}, {width}] gather",
-                v.len()
-            );
-            m[r * width..(r + 1) * width].copy_from_slice(&v);
-        }
-        self.all_reduce_sum(m)
     }
 
     /// Runs a blocking collective call on a helper thread and waits for it at most the
@@ -332,64 +477,45 @@ pub fn shard(total: usize, world: usize, index: usize) -> Range<usize> {
     start..start + base + usize::from(index < extra)
 }
 
-/// The process's registration with burn-collective: one at a time (the collective's local
-/// server is a process-wide singleton), kept from the first data-parallel step to the end of the
-/// process, and replaced when a node with another placement needs it.
+/// The process's registration with burn-collective's orchestrator (one peer: the process),
+/// kept from the first data-parallel step to the end of the process.
 struct Registration {
-    local: usize,
-    first: usize,
-    cluster: Option<Cluster>,
-    /// Set after a failed operation: the collective's state is unknown, register anew.
+    cluster: Cluster,
+    /// Set after a failed operation: the connections between the processes are gone.
     poisoned: bool,
 }
 
 static SESSION: Mutex<Option<Registration>> = Mutex::new(None);
 
-/// Exclusive use of the collective for one data-parallel operation of this process.
+/// Exclusive use of the processes' collective for one data-parallel operation of this process
+/// (processes pair their operations by order, so two nodes must not interleave theirs).
 struct CollectiveSession {
     guard: MutexGuard<'static, Option<Registration>>,
 }
 
 impl CollectiveSession {
-    fn acquire(p: &Placement) -> Result<Self> {
+    fn acquire(cluster: &Cluster) -> Result<Self> {
         let mut guard = SESSION.lock().unwrap_or_else(|e| e.into_inner());
-        let wanted = Registration {
-            local: p.local_replicas(),
-            first: p.first_replica(),
-            cluster: p.cluster.clone(),
-            poisoned: false,
-        };
-        let current = guard.as_ref().is_some_and(|r| {
-            !r.poisoned
-                && r.local == wanted.local
-                && r.first == wanted.first
-                && r.cluster == wanted.cluster
-        });
-        if !current {
-            if let Some(old) = guard.as_ref()
-                && old.poisoned
-                && old.cluster.is_some()
-            {
-                // The connections between processes are gone with the failure; the run stops.
-                bail!(
-                    "the collective between the run's processes failed earlier in this run (see \
-                     the first error); a multi-process run cannot continue without all its \
-                     processes"
-                );
+        match guard.as_ref() {
+            Some(r) if r.poisoned => bail!(
+                "the collective between the run's processes failed earlier in this run (see the \
+                 first error); a multi-process run cannot continue without all its processes"
+            ),
+            Some(r) if r.cluster == *cluster => {}
+            Some(r) => bail!(
+                "this process joined the run as process {} of {}, not {} of {}",
+                r.cluster.rank,
+                r.cluster.world,
+                cluster.rank,
+                cluster.world
+            ),
+            None => {
+                register(cluster).context("joining the processes of the run")?;
+                *guard = Some(Registration {
+                    cluster: cluster.clone(),
+                    poisoned: false,
+                });
             }
-            if let Some(old) = guard.take() {
-                if old.poisoned {
-                    burn_collective::reset_collective::<HostBackend>();
-                } else {
-                    for i in 0..old.local {
-                        let _ = burn_collective::finish_collective::<HostBackend>(PeerId(
-                            (old.first + i) as u32,
-                        ));
-                    }
-                }
-            }
-            register(p).context("joining the replicas of the run")?;
-            *guard = Some(wanted);
         }
         Ok(CollectiveSession { guard })
     }
@@ -401,38 +527,38 @@ impl CollectiveSession {
     }
 }
 
-/// Registers every local replica (one thread each: registration returns when all local peers,
-/// and with a cluster all processes, have joined).
-fn register(p: &Placement) -> Result<()> {
-    let mut config = CollectiveConfig::default().with_num_devices(p.local_replicas());
-    if let Some(c) = &p.cluster {
-        quiet_network_layer();
-        config = config
-            .with_num_nodes(c.world as u32)
-            .with_global_address(c.orchestrator.parse().map_err(|e: String| anyhow!(e))?)
-            .with_node_address(c.node_address.parse().map_err(|e: String| anyhow!(e))?)
-            .with_data_service_port(c.data_port);
-    }
-    let world = p.world_replicas();
-    let results = on_local_replicas(p, "", |r| {
-        let (peer, config) = (r.peer, config.clone());
-        r.wait("registration", move || {
-            burn_collective::register::<HostBackend>(peer, Default::default(), config)
-        })
+/// Registers this process with the orchestrator; returns when every process has joined, or
+/// fails after the cluster's timeout.
+fn register(c: &Cluster) -> Result<()> {
+    quiet_network_layer();
+    let config = CollectiveConfig::default()
+        .with_num_devices(1)
+        .with_num_nodes(c.world as u32)
+        .with_global_address(c.orchestrator.parse().map_err(|e: String| anyhow!(e))?)
+        .with_node_address(c.node_address.parse().map_err(|e: String| anyhow!(e))?)
+        .with_data_service_port(c.data_port);
+    let peer = PeerId(c.rank as u32);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(burn_collective::register::<HostBackend>(
+            peer,
+            Default::default(),
+            config,
+        ));
     });
-    let failed = results.into_iter().find_map(Result::err);
-    if let Some(e) = failed {
-        burn_collective::reset_collective::<HostBackend>();
-        let how = match &p.cluster {
-            Some(c) => format!(
-                " (process {} of {}; orchestrator {}, this process at {})",
-                c.rank, c.world, c.orchestrator, c.node_address
-            ),
-            None => String::new(),
-        };
-        return Err(e.context(format!("the run's {world} replicas did not all join{how}")));
-    }
-    Ok(())
+    let failed = match rx.recv_timeout(c.timeout) {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => format!("registration failed ({e:?})"),
+        Err(_) => format!("not every process joined within {} s", c.timeout.as_secs()),
+    };
+    burn_collective::reset_collective::<HostBackend>();
+    bail!(
+        "{failed} (process {} of {}; orchestrator {}, this process at {})",
+        c.rank,
+        c.world,
+        c.orchestrator,
+        c.node_address
+    )
 }
 
 /// burn-communication installs an INFO-level log subscriber with its first server (one line per
@@ -512,6 +638,33 @@ mod tests {
                 gathered,
                 vec![0.0, -1.0, 10.0, -1.0, 20.0, -1.0, 30.0, -1.0, 40.0, -1.0]
             );
+        }
+    }
+
+    #[test]
+    fn replicas_gather_scatter_broadcast_and_meet() {
+        let replicas = Replicas::new(&placement(3), "test").unwrap();
+        // Uneven segments, one of them empty.
+        let counts = [2, 0, 3];
+        let out = replicas
+            .run(|r| {
+                let mine: Vec<f32> = (0..counts[r.index])
+                    .map(|k| (10 * r.index + k) as f32)
+                    .collect();
+                let gathered = r.all_gather(mine, &counts)?;
+                let full: Vec<f32> = (0..5).map(|k| (k * (r.index + 1)) as f32).collect();
+                let scattered = r.reduce_scatter_sum(full, &counts)?;
+                let root = r.broadcast(vec![r.index as f32; 2 + r.index], 2)?;
+                r.barrier()?;
+                Ok((gathered, scattered, root))
+            })
+            .unwrap();
+        let sums = [0.0, 6.0, 12.0, 18.0, 24.0];
+        for (i, (gathered, scattered, root)) in out.into_iter().enumerate() {
+            assert_eq!(gathered, vec![0.0, 1.0, 20.0, 21.0, 22.0]);
+            let start: usize = counts[..i].iter().sum();
+            assert_eq!(scattered, sums[start..start + counts[i]].to_vec());
+            assert_eq!(root, vec![2.0; 4]);
         }
     }
 
