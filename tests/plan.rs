@@ -109,21 +109,26 @@ fn a_graph_that_cannot_fit_is_refused_before_anything_loads() {
 
 #[test]
 fn a_gpu_machine_is_planned_from_its_datasheet() {
-    let j = json(&flowrl(&[
-        "plan",
-        TOO_BIG,
-        "--json",
-        "--gpu",
-        "h200",
-        "--gpus",
-        "2",
-        "--set",
-        "run.devices=[\"cuda:0\", \"cuda:1\"]",
-        "--set",
-        "nodes.update.gradient_checkpointing=true",
-        "--set",
-        "nodes.update.micro_batch_size=2",
-    ]));
+    let plan = |zero_stage: &str| {
+        json(&flowrl(&[
+            "plan",
+            TOO_BIG,
+            "--json",
+            "--gpu",
+            "h200",
+            "--gpus",
+            "2",
+            "--set",
+            "run.devices=[\"cuda:0\", \"cuda:1\"]",
+            "--set",
+            "nodes.update.gradient_checkpointing=true",
+            "--set",
+            "nodes.update.micro_batch_size=2",
+            "--set",
+            &format!("nodes.update.zero_stage={zero_stage}"),
+        ]))
+    };
+    let j = plan("0");
     for d in ["cuda:0", "cuda:1"] {
         assert_eq!(j["devices"][d]["capacity_bytes"], 141_000_000_000u64, "{d}");
         assert!(
@@ -133,9 +138,14 @@ fn a_gpu_machine_is_planned_from_its_datasheet() {
                 > 9e14
         );
     }
-    // cuda:0 holds the weights and the optimizer; the replica on cuda:1 only its share of rows.
-    let peak = |d: &str| j["devices"][d]["peak_bytes"].as_u64().unwrap();
-    assert!(peak("cuda:0") > peak("cuda:1"));
+    // Each replica keeps a copy of the model and, at ZeRO stage 0, all the AdamW moments (8
+    // bytes per parameter, 61 GB for 7B); stage 2 keeps half of them on each of two GPUs.
+    let peak = |j: &serde_json::Value, d: &str| j["devices"][d]["peak_bytes"].as_u64().unwrap();
+    let sharded = plan("2");
+    for d in ["cuda:0", "cuda:1"] {
+        let saved = peak(&j, d) - peak(&sharded, d);
+        assert!((25e9..35e9).contains(&(saved as f64)), "{d}: stage 2 saves {saved} bytes");
+    }
     // 7B full fine-tuning does not fit one 141 GB GPU (gpu_path.md §2.6).
     assert_eq!(j["devices"]["cuda:0"]["fits"], false);
     let out = flowrl(&["plan", TOO_BIG, "--gpu", "b300"]);

@@ -179,9 +179,14 @@ impl PlannedModel {
     }
 }
 
-/// A replica's copy of the weights on its device (the model lives on the first), in the compute
-/// precision (`replica_copy`).
+/// A replica's view of the weights on its device (the model lives on the first), in the compute
+/// precision, kept between calls (`ModelState::inference_on`): a frozen model's copy, or the
+/// cast of a trained model's f32 masters. A trained model's LoRA base, or its masters computing
+/// in f32, are their own view: the update's replica copy already counts them.
 pub fn replica_weights(m: &PlannedModel) -> Option<Item> {
+    if m.trainable && (m.lora || m.precision == Precision::F32) {
+        return None;
+    }
     Some(Item::new(
         format!("the replica's copy of the weights ({})", m.precision_name()),
         m.shape.params * m.element(),
@@ -463,14 +468,17 @@ pub struct Training {
     pub epochs: usize,
     /// The vision tower is trained too.
     pub vision: bool,
+    /// How the optimizer state is sharded over the replicas (`zero_stage`).
+    pub zero_stage: u8,
 }
 
-/// A training node: the AdamW moments stay resident from its first step; phase
-/// `forward+backward` holds one micro-batch's kept activations, its LM-head block, its
-/// gradients (and the accumulated ones when a mini-batch has several micro-batches), and the
-/// compute-precision view; phase
-/// `optimizer` the accumulated gradients. FLOPs: forward + backward `= 3 ×` a forward, one more
-/// forward with `gradient_checkpointing`.
+/// A training node: the AdamW moments stay resident from its first step (all of them on every
+/// replica, or `1/W` with `zero_stage` ≥ 1), and every replica but the first keeps its own copy
+/// of the model; phase `forward+backward` holds one micro-batch's kept activations, its LM-head
+/// block, its gradients (and the accumulated ones when a mini-batch has several micro-batches),
+/// and the compute-precision view; phase `optimizer` the accumulated gradients and the flat
+/// buffers of the collective. FLOPs: forward + backward `= 3 ×` a forward, one more forward with
+/// `gradient_checkpointing`.
 pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t: Training) {
     let device = ctx.device();
     let pass = t.pass;
@@ -480,14 +488,42 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         } else {
             m.shape.vision_params
         };
+    let world = ctx.replicas().max(1) as u64;
+    let sharded = world > 1 && t.zero_stage > 0;
+    let held = if sharded { trained.div_ceil(world) } else { trained };
     f.resident(
         Item::new(
-            format!("AdamW moments ({}, f32)", crate::resources::model::params_text(trained)),
-            8 * trained,
-            Place::First,
+            format!(
+                "AdamW moments ({}{}, f32)",
+                crate::resources::model::params_text(trained),
+                if sharded { format!(" / {world} replicas, ZeRO stage {}", t.zero_stage) } else { String::new() }
+            ),
+            8 * held,
+            Place::Device,
         )
-        .hint("train LoRA adapters (`lora = { rank = 16 }` on the model), or spread the run over more devices"),
+        .hint(if world > 1 && t.zero_stage == 0 {
+            "zero_stage = 1 (or 2) shards the moments over the replicas; or train LoRA adapters (`lora = { rank = 16 }` on the model)"
+        } else {
+            "train LoRA adapters (`lora = { rank = 16 }` on the model), or spread the run over more devices"
+        }),
     );
+    if world > 1 {
+        // Each replica but the first keeps its own copy of the model as it is stored: f32
+        // masters, or a LoRA model's base in the compute precision with its f32 adapters.
+        let bytes = if m.lora {
+            m.shape.params * m.element() + m.shape.adapter_params * 4
+        } else {
+            m.shape.params * 4
+        };
+        f.resident(Item::new(
+            format!(
+                "the replica's copy of the model ({})",
+                crate::resources::model::params_text(m.shape.params)
+            ),
+            bytes,
+            Place::Replicas,
+        ));
+    }
     let chunk = chunk_of(t.chunk, device).min(pass.response.max(1));
     // burn's `GradientsAccumulator` keeps the first micro-batch's gradients and adds the next
     // ones' to them: two sets alive when a mini-batch has several micro-batches.
@@ -535,40 +571,25 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         );
     }
     items.extend(crate::kinds::rollout::compute_view_item(m));
-    if ctx.replicas() > 1 {
-        // `replicated_grads` forks the model as it is stored: f32 masters, or a LoRA model's
-        // base in the compute precision with its f32 adapters.
-        let bytes = if m.lora {
-            m.shape.params * m.element() + m.shape.adapter_params * 4
-        } else {
-            m.shape.params * 4
-        };
-        items.push(Item::new(
-            format!(
-                "the replica's copy of the model ({})",
-                crate::resources::model::params_text(m.shape.params)
-            ),
-            bytes,
-            Place::Replicas,
-        ));
-    }
     f.phase("forward+backward", items);
     let mut optimizer = vec![Item::new(
         "accumulated gradients (f32)",
         4 * trained,
         Place::Device,
     )];
-    if ctx.replicas() > 1 {
-        // Each of this process's replicas flattens its gradients into a host vector, and the
-        // all-reduce returns one of the same size (nodes/src/train/mod.rs, `replicated_grads`).
+    if world > 1 {
+        // Each of this process's replicas flattens its gradients into a host vector; the
+        // all-reduce returns one of the same size, the reduce-scatter (stage 2) the replica's
+        // share (nodes/src/train/replicated.rs).
         let local = ctx.local_replicas() as u64;
+        let back = if t.zero_stage >= 2 { held } else { trained };
         optimizer.push(
             Item::new(
-                format!("gradients flattened for the all-reduce ({local} replicas × 2 × {}, f32)", crate::resources::model::params_text(trained)),
-                local * 2 * 4 * trained,
+                format!("gradients flattened for the collective ({local} replicas × {}, f32)", crate::resources::model::params_text(trained + back)),
+                local * 4 * (trained + back),
                 Place::Host,
             )
-            .hint("train LoRA adapters (`lora = { rank = 16 }` on the model): the all-reduce then moves only theirs"),
+            .hint("train LoRA adapters (`lora = { rank = 16 }` on the model): the collective then moves only theirs"),
         );
     }
     f.phase("optimizer", optimizer);

@@ -102,3 +102,44 @@ fn a_backward_on_another_thread_does_not_lose_an_embedding_gradient() {
         "of {ROUNDS} backward passes beside {passes} on other threads: (lost, wrong) gradients"
     );
 }
+
+/// Data-parallel replicas differentiate at once (no lock serialises them): each of three threads
+/// differentiates its own copy of the weights, round after round, and no gradient goes missing
+/// or comes out different.
+#[test]
+fn replicas_differentiating_at_once_lose_no_gradient() {
+    const REPLICAS: usize = 3;
+    const REPETITIONS: usize = 300;
+    let device = Default::default();
+    let weight = Tensor::<B, 2>::from_inner(ramp([VOCAB, HIDDEN], 1e-4)).require_grad();
+    let images = Tensor::<B, 2>::from_inner(Tensor::<Inner, 2>::ones([LEN / 2, HIDDEN], &device));
+    let want = embedding_gradient(&weight, &images).expect("one thread");
+    let barrier = std::sync::Barrier::new(REPLICAS);
+    let outcomes: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..REPLICAS)
+            .map(|_| {
+                let (weight, images, want, barrier) = (&weight, &images, &want, &barrier);
+                s.spawn(move || {
+                    // Each replica's own leaf, as a replica's own copy of the model.
+                    let mine = Tensor::<B, 2>::from_inner(weight.clone().inner()).require_grad();
+                    let (mut lost, mut wrong) = (0, 0);
+                    for _ in 0..REPETITIONS {
+                        barrier.wait();
+                        match embedding_gradient(&mine, images) {
+                            None => lost += 1,
+                            Some(g) if g != *want => wrong += 1,
+                            Some(_) => {}
+                        }
+                    }
+                    (lost, wrong)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        outcomes,
+        vec![(0, 0); REPLICAS],
+        "(lost, wrong) gradients per replica over {REPETITIONS} concurrent backward passes"
+    );
+}

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use crate::sizing::{inference_footprint, planned_pass};
 
 use crate::resources::model::ModelResource;
-use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
+use crate::runtime::backend::{FlowBackend, on_backend};
 use crate::runtime::data_parallel::{Replicas, shard};
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::sequences::{Layout, SequenceBatch, masked_host};
@@ -190,12 +190,11 @@ fn log_probs_on<B: FlowBackend>(
     replicas: &Replicas,
 ) -> Result<TokenLogProbs> {
     let chunk = chunk.unwrap_or(B::LM_HEAD_CHUNK);
-    let infer = model.inference_model::<B>()?;
     let (b, t) = (rollouts.len(), rollouts.response_len());
     // A gathered row: [log-probs (t) | entropies (t) when asked | Σπ² (t) when asked].
     let width = t * (1 + extras.entropy as usize + extras.sum_pi_squared as usize);
     let gathered = replicas.run(|r| {
-        let (infer, device) = replica_copy::<B>(&infer, r.device)?;
+        let (infer, device) = model.inference_model_on::<B>(replicas, r.local_index)?;
         let rows: Vec<usize> = shard(b, r.world, r.index).collect();
         let mut mine = Vec::with_capacity(rows.len());
         for chunk_rows in micro.split(rollouts, &rows) {

@@ -28,7 +28,7 @@ use rand::Rng;
 
 use crate::kinds::validate::{model_context_length, upstream_prompt_length};
 use crate::resources::model::ModelResource;
-use crate::runtime::backend::{FlowBackend, on_backend, replica_copy};
+use crate::runtime::backend::{FlowBackend, on_backend};
 use crate::runtime::data_parallel::{Replicas, shard};
 use crate::sizing::{PlannedModel, Prompts, logit_bytes, planned_prompts};
 use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
@@ -395,28 +395,26 @@ fn sample_on<B: FlowBackend>(
 ) -> Result<RolloutBatch> {
     let n = params.n;
     let tokenizer = model.tokenizer()?.clone();
-    let infer = model.inference_model::<B>()?;
-    let suppress = ModelParts::of(&infer)
-        .vision
-        .map(|v| v.vision_token_ids())
-        .unwrap_or_default();
-    let config = GenerationConfig {
-        max_new_tokens: params.max_new_tokens,
-        sampling: params.sampling(),
-        stop_token_ids: stop_ids.to_vec(),
-        pad_token_id: prompts.pad_token_id,
-        suppress_token_ids: suppress,
-        cache_budget: Some(gib_bytes(params.kv_cache_gib)),
-        prefill_tokens: Some(params.max_num_batched_tokens),
-    };
     let b = prompts.len() * n;
     // A gathered row: [length, stopped, tokens (max_new_tokens), log-probs (max_new_tokens)];
     // token ids are exact in f32 below 2^24.
     let max_new = params.max_new_tokens;
     let width = 2 + 2 * max_new;
     let gathered = replicas.run(|r| {
-        let (infer, device) = replica_copy::<B>(&infer, r.device)?;
+        let (infer, device) = model.inference_model_on::<B>(replicas, r.local_index)?;
         let parts = ModelParts::of(&infer);
+        let config = GenerationConfig {
+            max_new_tokens: params.max_new_tokens,
+            sampling: params.sampling(),
+            stop_token_ids: stop_ids.to_vec(),
+            pad_token_id: prompts.pad_token_id,
+            suppress_token_ids: parts
+                .vision
+                .map(|v| v.vision_token_ids())
+                .unwrap_or_default(),
+            cache_budget: Some(gib_bytes(params.kv_cache_gib)),
+            prefill_tokens: Some(params.max_num_batched_tokens),
+        };
         let mut rows = Vec::new();
         let mut inputs = Vec::new();
         let mut seeds = Vec::new();

@@ -16,7 +16,6 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use burn::module::Module;
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
     Port, PortSpec, StepContext, ValidateCtx,
@@ -27,7 +26,7 @@ use serde::Deserialize;
 use crate::sizing::{inference_footprint, planned_pass};
 
 use crate::resources::model::{ModelParams, ModelResource};
-use crate::runtime::backend::{FlowBackend, device_of, on_backend, replica_copy};
+use crate::runtime::backend::{FlowBackend, on_backend};
 use crate::runtime::data_parallel::{Replicas, shard};
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::sequences::{Layout, SequenceBatch, masked_host};
@@ -213,15 +212,9 @@ fn values_on<B: FlowBackend>(
     layout: Layout,
     replicas: &Replicas,
 ) -> Result<TokenValues> {
-    let (infer, head) = model.value_model_inference::<B>()?;
     let (b, t) = (rollouts.len(), rollouts.response_len());
     let gathered = replicas.run(|r| {
-        let (infer, device) = replica_copy::<B>(&infer, r.device)?;
-        let head = if device_of(&head) == device {
-            head.clone()
-        } else {
-            head.clone().to_device(&device)
-        };
+        let (infer, head, device) = model.value_model_inference_on::<B>(replicas, r.local_index)?;
         let rows: Vec<usize> = shard(b, r.world, r.index).collect();
         let mut mine = Vec::with_capacity(rows.len());
         for chunk_rows in micro.split(rollouts, &rows) {

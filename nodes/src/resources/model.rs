@@ -56,7 +56,9 @@ use tokenizers::Tokenizer;
 
 use crate::runtime::backend::{BackendKind, FlowBackend, default_precision_of, on_backend};
 use crate::sizing::PlannedModel;
+use crate::runtime::data_parallel::Replicas;
 use crate::train::optim::AdamW;
+use crate::train::replicated::{Sharding, TrainCopy, copy_on, uses_primary, whole_optimizer};
 
 /// Counters of the optimizer steps applied to a model (saved with checkpoints).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +84,18 @@ pub struct ModelState<B: FlowBackend> {
     pub precision: Precision,
     /// The value head of a value model (`value_head = true`), in f32.
     pub value_head: Option<ValueHead<B>>,
+    /// The model on the other devices of its data-parallel nodes, by local replica index,
+    /// kept for the run ([`crate::train::replicated`]); `None` where `model` itself serves.
+    pub copies: Vec<Option<TrainCopy<B>>>,
+    /// Counts the changes of `model`; a copy or view of an older version is made again before
+    /// use.
+    pub version: u64,
+    /// The inference view of each local replica ([`ModelState::inference_on`]), kept until the
+    /// weights change.
+    views: Vec<Option<InferenceView<B>>>,
+    /// How the optimizer state is spread over `optimizer` and the copies' (`None`: all of it in
+    /// `optimizer`).
+    pub sharding: Option<Sharding>,
 }
 
 impl<B: FlowBackend> ModelState<B> {
@@ -94,6 +108,10 @@ impl<B: FlowBackend> ModelState<B> {
             device,
             precision,
             value_head: None,
+            copies: Vec::new(),
+            version: 0,
+            views: Vec::new(),
+            sharding: None,
         }
     }
 
@@ -102,6 +120,56 @@ impl<B: FlowBackend> ModelState<B> {
     pub fn inference_model(&self) -> Model<B::InnerBackend> {
         compute_view(&self.model.valid(), self.precision)
     }
+
+    /// The model without autodiff in the compute precision (and its value head, if any) on
+    /// local replica `local` of `replicas`, with the replica's burn device: this state's own
+    /// model on its device, else the replica's kept copy (made once, and again after the model
+    /// changed without it).
+    #[allow(clippy::type_complexity)]
+    pub fn inference_on(
+        &mut self,
+        replicas: &Replicas,
+        local: usize,
+    ) -> Result<(Model<B::InnerBackend>, Option<ValueHead<B::InnerBackend>>, B::Device)> {
+        let device = B::device(replicas.devices()[local])?;
+        let precision = self.precision;
+        let version = self.version;
+        if self.views.len() <= local {
+            self.views.resize_with(local + 1, || None);
+        }
+        let cached = self.views[local].take().filter(|v| v.version == version);
+        let view = match cached {
+            Some(v) => v,
+            None => {
+                let (model, head) = if uses_primary(self, replicas, local)? {
+                    (&self.model, &self.value_head)
+                } else {
+                    let copy = copy_on(self, local, &device);
+                    (&copy.model, &copy.value_head)
+                };
+                InferenceView {
+                    version,
+                    model: compute_view(&model.valid(), precision),
+                    head: head.as_ref().map(|h| h.valid()),
+                }
+            }
+        };
+        let out = (view.model.clone(), view.head.clone(), device);
+        self.views[local] = Some(view);
+        Ok(out)
+    }
+
+    /// Drops the kept inference views (before a step replaces the weights they were cast from).
+    pub fn drop_views(&mut self) {
+        self.views.clear();
+    }
+}
+
+/// A replica's weights without autodiff in the compute precision, as of `version`.
+struct InferenceView<B: FlowBackend> {
+    version: u64,
+    model: Model<B::InnerBackend>,
+    head: Option<ValueHead<B::InnerBackend>>,
 }
 
 /// The weights a forward pass computes with: `model` itself in f32, else a cast of it (under
@@ -305,6 +373,34 @@ impl ModelResource {
         Ok(())
     }
 
+    /// [`ModelResource::inference_model`] on local replica `local` of `replicas` (see
+    /// [`ModelState::inference_on`]), with the replica's burn device.
+    pub fn inference_model_on<B: FlowBackend>(
+        &self,
+        replicas: &Replicas,
+        local: usize,
+    ) -> Result<(Model<B::InnerBackend>, B::Device)> {
+        let (model, _, device) = self.lock::<B>()?.inference_on(replicas, local)?;
+        Ok((if self.adapters_off { model.adapters_off() } else { model }, device))
+    }
+
+    /// [`ModelResource::value_model_inference`] on local replica `local` of `replicas`.
+    #[allow(clippy::type_complexity)]
+    pub fn value_model_inference_on<B: FlowBackend>(
+        &self,
+        replicas: &Replicas,
+        local: usize,
+    ) -> Result<(Model<B::InnerBackend>, ValueHead<B::InnerBackend>, B::Device)> {
+        let (model, head, device) = self.lock::<B>()?.inference_on(replicas, local)?;
+        let head = head.ok_or_else(|| {
+            anyhow!(
+                "model `{}` has no value head: declare it with `value_head = true`",
+                self.name
+            )
+        })?;
+        Ok((model, head, device))
+    }
+
     /// The backbone and the value head without autodiff, the backbone in the compute precision
     /// (values without gradients); an error for a model without a value head.
     #[allow(clippy::type_complexity)]
@@ -409,7 +505,7 @@ impl ModelResource {
             if let Some(head) = &s.value_head {
                 head.save(&dir.join("model").join(VALUE_HEAD_FILE))?;
             }
-            if let Some(opt) = &s.optimizer {
+            if let Some(opt) = whole_optimizer(&s) {
                 opt.save(&dir.join("optimizer.safetensors"))?;
             }
             std::fs::write(
@@ -469,6 +565,13 @@ impl ModelResource {
                 .with_context(|| format!("model `{}`", self.name))?;
                 s.optimizer = Some(opt);
             }
+            // The replicas' copies are made again from the restored weights, and the restored
+            // moments handed out anew at the next step.
+            s.version += 1;
+            for c in s.copies.iter_mut().flatten() {
+                c.optimizer = None;
+            }
+            s.sharding = None;
             let state = dir.join("state.json");
             if state.is_file() {
                 s.counters = serde_json::from_str(&std::fs::read_to_string(&state)?)

@@ -251,23 +251,6 @@ pub fn device_of<B: Backend, M: burn::module::Module<B>>(module: &M) -> B::Devic
     module.devices().into_iter().next().unwrap_or_default()
 }
 
-/// A replica's view of a model without autodiff: the model itself when it already lives on the
-/// replica's device (every CPU replica), else a copy moved there; with the replica's burn device.
-#[allow(clippy::type_complexity)]
-pub fn replica_copy<B: FlowBackend>(
-    model: &flowrl_models::Model<B::InnerBackend>,
-    replica: DeviceSpec,
-) -> Result<(flowrl_models::Model<B::InnerBackend>, B::Device)> {
-    use burn::module::Module;
-    let device = B::device(replica)?;
-    let copy = if device_of(model) == device {
-        model.clone()
-    } else {
-        model.clone().to_device(&device)
-    };
-    Ok((copy, device))
-}
-
 /// Runs `$body` with the type alias `$B` set to the backend of `$kind` (a [`BackendKind`]): the
 /// single dispatch from a runtime device to monomorphised code.
 ///

@@ -197,11 +197,58 @@ impl Built {
         d.0
     }
 
+    /// f32 values of AdamW moments each local replica holds: the policy's own optimizer first,
+    /// then its copies' (by local replica index).
+    pub fn optimizer_values(&self) -> Vec<usize> {
+        let m = self.resources.get::<ModelResource>("policy").unwrap();
+        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        let mut out = vec![s.optimizer.as_ref().map_or(0, |o| o.state_values())];
+        for c in s.copies.iter().flatten() {
+            out.push(c.optimizer.as_ref().map_or(0, |o| o.state_values()));
+        }
+        out
+    }
+
+    /// The weights of the policy's copies on its other replicas, each as [`Built::model_values`]
+    /// lists them.
+    pub fn copies_values(&self) -> Vec<Vec<f32>> {
+        let m = self.resources.get::<ModelResource>("policy").unwrap();
+        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        s.copies
+            .iter()
+            .flatten()
+            .map(|c| float_values(&c.model))
+            .collect()
+    }
+
+    /// The policy's own weights in memory, parameter after parameter in module order.
+    pub fn model_values(&self) -> Vec<f32> {
+        let m = self.resources.get::<ModelResource>("policy").unwrap();
+        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        float_values(&s.model)
+    }
+
     /// Saves the policy's checkpoint into `dir`.
     pub fn save(&self, dir: &std::path::Path) {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
         m.save_to(dir).unwrap();
     }
+}
+
+/// Every float parameter's values of `module`, in module order.
+fn float_values<B: burn::prelude::Backend, M: burn::module::Module<B>>(module: &M) -> Vec<f32> {
+    use burn::module::{ModuleVisitor, Param};
+    use burn::prelude::Tensor;
+    struct Values(Vec<f32>);
+    impl<B: burn::prelude::Backend> ModuleVisitor<B> for Values {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let v = param.val().into_data().convert::<f32>();
+            self.0.extend_from_slice(v.as_slice::<f32>().unwrap());
+        }
+    }
+    let mut v = Values(Vec::new());
+    module.visit(&mut v);
+    v.0
 }
 
 pub fn input<T: std::any::Any + Send + Sync>(

@@ -29,12 +29,14 @@
 //! micro-batches), `critic/grad_norm` (mean over applied steps), `critic/lr`,
 //! `critic/skipped_steps`. Timing key `update_critic`.
 //!
-//! The node runs once per process on the value model's device (not data-parallel).
+//! Data-parallel like `update.ppo`: each replica computes the gradient of its share of a
+//! mini-batch's rows on its own copy of the value model, and the step is
+//! [`crate::train::replicated::replicated_step`] (`zero_stage` shards the optimizer).
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, ensure};
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use anyhow::{Context, Result, bail, ensure};
+use burn::optim::GradientsAccumulator;
 use flowrl_algorithms::{GlobalBatchInfo, LossAggMode, compute_value_loss, masked_mean};
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
@@ -56,9 +58,10 @@ use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
 use crate::train::checkpoint::CheckpointingParams;
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
-use crate::train::optim::{AdamW, LrSchedule, clip_grad_norm};
+use crate::train::optim::LrSchedule;
+use crate::train::replicated::replicated_step;
 use crate::train::sequences::SequenceBatch;
-use crate::train::{OptimParams, drop_vision_grads, global_batch_info, rows_tensor, scalar};
+use crate::train::{OptimParams, PartialStep, global_batch_info, rows_tensor, scalar};
 use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenValues, port_types};
 
 /// The `update.critic` kind.
@@ -145,6 +148,10 @@ impl NodeKind for CriticUpdateKind {
         CriticParams::param_specs()
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn timing_key(&self) -> Option<&str> {
         Some("update_critic")
     }
@@ -183,6 +190,7 @@ impl NodeKind for CriticUpdateKind {
                 checkpointing: p.checkpointing.gradient_checkpointing,
                 epochs: p.ppo_epochs,
                 vision: !p.optim.freeze_vision_tower,
+                zero_stage: p.optim.zero_stage,
             },
         );
         Some(f)
@@ -211,7 +219,6 @@ impl NodeKind for CriticUpdateKind {
 }
 
 struct CriticUpdateNode {
-    /// One replica (the kind is not data-parallel): the global normaliser's `dp_size`.
     replicas: Replicas,
     p: CriticParams,
     mode: LossAggMode,
@@ -263,54 +270,35 @@ impl CriticUpdateNode {
         ctx: &mut StepContext,
     ) -> Result<Outputs> {
         let lr = self.schedule.lr(ctx.step());
-        let adamw = self.p.optim.adamw()?;
         let mut sums = Sums::default();
         let mut state = self.model.lock::<B>()?;
+        let precision = state.precision;
+        let world = self.replicas.world() as f64;
         let rows: Vec<usize> = (0..rollouts.len()).collect();
         for _ in 0..self.p.ppo_epochs {
             for mini in rows.chunks(mini_rows) {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
-                let critic = ValueModel {
-                    model: state.model.clone(),
-                    head: state
-                        .value_head
-                        .clone()
-                        .context("the value model lost its value head")?,
+                let compute = |critic: &ValueModel<B>, mine: &[usize]| {
+                    self.mini_batch_grads(critic, precision, rollouts, values, adv, &info, mine, micro)
                 };
-                let grads = self
-                    .mini_batch_grads(
-                        &critic,
-                        state.precision,
-                        rollouts,
-                        values,
-                        adv,
-                        &info,
-                        mini,
-                        micro,
-                        &mut sums,
-                    )
-                    .with_context(|| format!("update `{}`", ctx.node_name()))?;
-                let Some(mut grads) = grads else {
-                    state.counters.skipped_steps += 1;
-                    sums.skipped += 1;
-                    continue;
+                let (outcome, stats) =
+                    replicated_step(&self.replicas, &mut state, &self.p.optim, lr, mini, compute)
+                        .with_context(|| format!("update `{}`", ctx.node_name()))?;
+                let [loss, clipfrac, vpred_mean, micro_batches] = stats[..] else {
+                    bail!("the critic's step returned {} statistics, not 4", stats.len());
                 };
-                if self.p.optim.freeze_vision_tower {
-                    drop_vision_grads(&critic.model, &mut grads);
+                sums.clipfrac += clipfrac;
+                sums.vpred_mean += vpred_mean;
+                sums.micro += micro_batches;
+                if outcome.finite_loss {
+                    // The losses carry the factor W (dp_size); their replica sum is W × the loss.
+                    sums.vf_loss.push(loss / world);
                 }
-                let norm = clip_grad_norm::<B, _>(&critic, &mut grads, self.p.optim.grad_clip);
-                if !norm.is_finite() {
-                    state.counters.skipped_steps += 1;
+                if outcome.applied {
+                    sums.grad_norm.push(outcome.grad_norm);
+                } else {
                     sums.skipped += 1;
-                    continue;
                 }
-                let opt = state.optimizer.get_or_insert_with(|| AdamW::new(adamw));
-                opt.config = adamw;
-                let critic = opt.step(lr, critic, grads);
-                state.model = critic.model;
-                state.value_head = Some(critic.head);
-                state.counters.optimizer_steps += 1;
-                sums.grad_norm.push(norm);
             }
         }
         let done = ModelUpdate::from(state.counters);
@@ -333,8 +321,9 @@ impl CriticUpdateNode {
         Ok(Outputs::new().with(DONE, done))
     }
 
-    /// The accumulated gradients of one mini-batch `mini` (`None` when a micro-batch loss is not
-    /// finite), adding its metrics to `sums`; the loss is normalised by the mini-batch's `info`.
+    /// One replica's accumulated gradients over its rows `mine` of a mini-batch (`None` when a
+    /// micro-batch loss is not finite), with the sums `[vf_loss, vf_clipfrac, vpred_mean,
+    /// micro-batches]`; the loss is normalised by the mini-batch's `info`.
     #[allow(clippy::too_many_arguments)]
     fn mini_batch_grads<B: FlowBackend>(
         &self,
@@ -344,14 +333,13 @@ impl CriticUpdateNode {
         values: &TokenValues,
         adv: &AdvantageBatch,
         info: &GlobalBatchInfo,
-        mini: &[usize],
+        mine: &[usize],
         micro: MicroBatching,
-        sums: &mut Sums,
-    ) -> Result<Option<GradientsParams>> {
+    ) -> Result<PartialStep> {
         let device = device_of(&critic.model);
         let mut acc = GradientsAccumulator::<ValueModel<B>>::new();
-        let mut loss = 0.0;
-        for micro in micro.split(rollouts, mini) {
+        let mut sums = [0.0; 4];
+        for micro in micro.split(rollouts, mine) {
             let micro = micro.as_slice();
             let seq = SequenceBatch::with_layout(rollouts, micro, self.p.micro.layout())?;
             let mask = seq.mask_tensor::<B>(&device);
@@ -375,18 +363,23 @@ impl CriticUpdateNode {
                 info,
             )?;
             let value = scalar(out.vf_loss.clone().detach());
-            sums.clipfrac += scalar(out.vf_clipfrac);
-            sums.vpred_mean += scalar(masked_mean(vpreds.detach(), mask));
-            sums.micro += 1.0;
-            loss += value;
+            sums[0] += value;
+            sums[1] += scalar(out.vf_clipfrac);
+            sums[2] += scalar(masked_mean(vpreds.detach(), mask));
+            sums[3] += 1.0;
             if !value.is_finite() {
-                return Ok(None);
+                return Ok(PartialStep {
+                    grads: None,
+                    stats: sums.to_vec(),
+                });
             }
             let grads = trunk.backward(out.vf_loss, critic, &critic.model);
             acc.accumulate::<B>(critic, grads);
         }
-        sums.vf_loss.push(loss);
-        Ok(Some(acc.grads()))
+        Ok(PartialStep {
+            grads: Some(acc.grads()),
+            stats: sums.to_vec(),
+        })
     }
 }
 

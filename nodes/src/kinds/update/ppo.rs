@@ -85,9 +85,10 @@ use crate::runtime::data_parallel::Replicas;
 use crate::train::checkpoint::CheckpointingParams;
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::optim::LrSchedule;
+use crate::train::replicated::replicated_step;
 use crate::train::sequences::SequenceBatch;
 use crate::train::{
-    OptimParams, PartialStep, global_batch_info, guarded_step, replicated_grads, rows_tensor,
+    OptimParams, PartialStep, global_batch_info, rows_tensor,
     scalar,
 };
 use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
@@ -311,6 +312,7 @@ impl NodeKind for PpoUpdateKind {
                 checkpointing: p.checkpointing.gradient_checkpointing,
                 epochs: p.ppo_epochs,
                 vision: !p.optim.freeze_vision_tower,
+                zero_stage: p.optim.zero_stage,
             },
         );
         Some(f)
@@ -495,7 +497,6 @@ impl PpoUpdateNode {
     ) -> Result<Outputs> {
         let b = rollouts.len();
         let lr = self.schedule.lr(ctx.step());
-        let adamw = self.p.optim.adamw()?;
         let mut sums = Sums::default();
         let mut state = self.model.lock::<B>()?;
         let precision = state.precision;
@@ -508,7 +509,7 @@ impl PpoUpdateNode {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
                 let mini_seed = derive_seed(dropout_base, (epoch * b + k) as u64, "mini-batch");
                 let loss_seed = derive_seed(loss_base, (epoch * b + k) as u64, "mini-batch");
-                let step = replicated_grads(&self.replicas, &state.model, mini, |model, mine| {
+                let compute = |model: &flowrl_models::Model<B>, mine: &[usize]| {
                     // LoRA dropout masks: one stream per (step, epoch, mini-batch, replica shard).
                     let first = mine.first().map_or(u64::MAX, |&r| r as u64);
                     let _scope = DropoutScope::enter(derive_seed(mini_seed, first, "rows"));
@@ -516,18 +517,19 @@ impl PpoUpdateNode {
                         model, precision, rollouts, adv, old, reference, &info, mine, micro,
                         loss_seed,
                     )
-                })
-                .with_context(|| format!("update `{}`", ctx.node_name()))?;
-                let m = MicroSums::from_slice(&step.stats)?;
+                };
+                let (outcome, stats) =
+                    replicated_step(&self.replicas, &mut state, &self.p.optim, lr, mini, compute)
+                        .with_context(|| format!("update `{}`", ctx.node_name()))?;
+                let m = MicroSums::from_slice(&stats)?;
                 sums.micro.add(&m);
-                if step.grads.is_some() {
+                if outcome.finite_loss {
                     // The losses carry the factor W (dp_size); their replica sum is W × the loss.
                     sums.pg_loss.push(m.pg_loss / world as f64);
                     if self.loss.kl.is_some() {
                         sums.kl_loss.push(m.kl_loss / world as f64);
                     }
                 }
-                let outcome = guarded_step(&mut state, &self.p.optim, adamw, step.grads, lr);
                 if outcome.applied {
                     sums.grad_norm.push(outcome.grad_norm);
                 } else {

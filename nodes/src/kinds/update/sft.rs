@@ -44,7 +44,8 @@ use crate::runtime::data_parallel::Replicas;
 use crate::train::checkpoint::CheckpointingParams;
 use crate::train::optim::LrSchedule;
 use crate::train::sequences::SequenceBatch;
-use crate::train::{OptimParams, PartialStep, global_batch_info, guarded_step, replicated_grads};
+use crate::train::replicated::replicated_step;
+use crate::train::{OptimParams, PartialStep, global_batch_info};
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, TokenMatrix, port_types};
 use flowrl_models::lora::DropoutScope;
 
@@ -138,6 +139,7 @@ impl NodeKind for SftUpdateKind {
                 checkpointing: p.checkpointing.gradient_checkpointing,
                 epochs: 1,
                 vision: !p.optim.freeze_vision_tower,
+                zero_stage: p.optim.zero_stage,
             },
         );
         Some(f)
@@ -232,7 +234,7 @@ impl SftNode {
         let info = global_batch_info(batch, &rows, &self.replicas);
         let precision = state.precision;
         let dropout_base = ctx.derive_seed("lora.dropout");
-        let step = replicated_grads(&self.replicas, &state.model, &rows, |model, mine| {
+        let step = |model: &flowrl_models::Model<B>, mine: &[usize]| {
             // LoRA dropout masks: one stream per (step, replica shard).
             let first = mine.first().map_or(u64::MAX, |&r| r as u64);
             let _scope = DropoutScope::enter(derive_seed(dropout_base, first, "rows"));
@@ -267,12 +269,12 @@ impl SftNode {
                 grads: Some(acc.grads()),
                 stats: vec![total],
             })
-        })
-        .with_context(|| format!("node `{}`", ctx.node_name()))?;
+        };
+        let (outcome, stats) =
+            replicated_step(&self.replicas, &mut state, &self.p.optim, lr, &rows, step)
+                .with_context(|| format!("node `{}`", ctx.node_name()))?;
         // The losses carry the factor W (dp_size); their replica sum is W × the batch loss.
-        let total = step.stats[0] / self.replicas.world() as f64;
-        let adamw = self.p.optim.adamw()?;
-        let outcome = guarded_step(&mut state, &self.p.optim, adamw, step.grads, lr);
+        let total = stats[0] / self.replicas.world() as f64;
         let done = ModelUpdate::from(state.counters);
         drop(state);
         ctx.metric("train/loss", total);

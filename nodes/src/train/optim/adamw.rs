@@ -92,6 +92,45 @@ impl<B: AutodiffBackend> AdamW<B> {
         self.state.len()
     }
 
+    /// f32 values held by the moments (two per value of each parameter with state).
+    pub fn state_values(&self) -> usize {
+        self.state
+            .values()
+            .map(|m| m.exp_avg.dims()[0] + m.exp_avg_sq.dims()[0])
+            .sum()
+    }
+
+    /// Moves the moments of the parameters `keep` rejects into a new optimizer (same config)
+    /// and returns it: how a sharded optimizer hands each replica its parameters' state.
+    pub fn split_off(&mut self, keep: impl Fn(&str) -> bool) -> AdamW<B> {
+        let (kept, moved) = std::mem::take(&mut self.state)
+            .into_iter()
+            .partition(|(k, _)| keep(k));
+        self.state = kept;
+        AdamW {
+            config: self.config,
+            state: moved,
+            fused: self.fused,
+        }
+    }
+
+    /// Takes over `other`'s moments (the parameters this one has no state for): the state of a
+    /// sharded optimizer put back together.
+    pub fn absorb(&mut self, other: AdamW<B>) {
+        for (k, m) in other.state {
+            self.state.entry(k).or_insert(m);
+        }
+    }
+
+    /// A copy of the state (the moments' tensors are shared until one is updated).
+    pub fn duplicate(&self) -> AdamW<B> {
+        AdamW {
+            config: self.config,
+            state: self.state.clone(),
+            fused: self.fused,
+        }
+    }
+
     /// Applies one update with learning rate `lr` to every parameter of `model` that has a
     /// gradient in `grads` (gradients on the inner backend, as `GradientsParams::from_grads` gives).
     pub fn step<M: AutodiffModule<B>>(

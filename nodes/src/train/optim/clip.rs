@@ -21,6 +21,15 @@ pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &GradientsParams,
 ) -> f64 {
+    grad_sum_squares(model, grads).sqrt()
+}
+
+/// `Σ g²` over all gradients of `model` in `grads` (summed on the device, read as f64): the
+/// square of [`global_grad_norm`], which a sharded optimizer adds up over replicas.
+pub fn grad_sum_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> f64 {
     struct SumSquares<'a, B: AutodiffBackend> {
         grads: &'a GradientsParams,
         total: Option<Tensor<B::InnerBackend, 1>>,
@@ -39,7 +48,7 @@ pub fn global_grad_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     let mut v = SumSquares::<B> { grads, total: None };
     model.visit(&mut v);
     match v.total {
-        Some(t) => (t.into_scalar().elem::<f64>()).sqrt(),
+        Some(t) => t.into_scalar().elem::<f64>(),
         None => 0.0,
     }
 }

@@ -12,5 +12,5 @@ pub mod clip;
 pub mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::{clip_grad_norm, global_grad_norm, scale_grads};
+pub use clip::{clip_grad_norm, global_grad_norm, grad_sum_squares, scale_grads};
 pub use schedule::{LrSchedule, WarmupStyle};
