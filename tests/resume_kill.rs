@@ -199,3 +199,49 @@ fn runs_killed_at_random_moments_resume_into_the_uninterrupted_metrics() {
     }
     eprintln!("{}", report.join("\n"));
 }
+
+/// SIGTERM (a cluster's preemption) stops the run at the next step boundary with a checkpoint of
+/// that step, even where the graph asks for none, and exit code 0; the resumed run ends with the
+/// uninterrupted run's metrics.
+#[test]
+fn a_sigterm_checkpoints_the_step_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |out: &Path| {
+        let mut a = run_args(out);
+        a.extend(["--set".to_string(), "run.checkpoint_every=0".to_string()]);
+        a
+    };
+    let full = dir.path().join("full");
+    let out = flowrl(&args(&full).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = metrics(&full);
+
+    let stopped = dir.path().join("stopped");
+    let mut child = Command::new(BIN)
+        .current_dir(root())
+        .args(args(&stopped))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while lines(&stopped) == 0 && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let done = lines(&stopped);
+    assert!((1..6).contains(&done), "stopped after {done} steps");
+    assert!(stdout.contains(&format!("stopped by SIGTERM after step {done} of 6")), "{stdout}");
+    let ckpt = stopped.join(format!("checkpoints/step_{done:06}"));
+    assert_eq!(check_checkpoint(&ckpt, true), Integrity::Complete, "{}", ckpt.display());
+
+    let resumed = flowrl(&["run", "--resume", stopped.to_str().unwrap(), "--steps", STEPS]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(metrics(&stopped), want, "the resumed run's metrics");
+}

@@ -385,7 +385,13 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
         cluster,
     };
     let s = run(graph, &opts)?;
-    if s.first_step >= s.steps {
+    if let Some(step) = s.stopped_after {
+        println!(
+            "stopped by SIGTERM after step {step} of {} (checkpoint written); run directory: {}",
+            s.steps,
+            s.run_dir.display()
+        );
+    } else if s.first_step >= s.steps {
         println!(
             "{}: all {} steps already ran (pass --steps N to run more)",
             s.run_dir.display(),

@@ -4,7 +4,9 @@
 //! A resumed run restores the newest complete checkpoint ([`RunDir::resume_point`]: newer,
 //! incomplete ones are reported and passed over) and continues at the following step; because
 //! every random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
-//! A run killed before its first checkpoint resumes from step 1.
+//! A run killed before its first checkpoint resumes from step 1. SIGTERM (how clusters preempt
+//! a job) stops the run at the next step boundary with a checkpoint of that step, whatever
+//! `checkpoint_every` says, and the process exits 0; `--resume` continues it.
 
 use crate::device::{DeviceSpec, device_list};
 use crate::graph::Graph;
@@ -16,6 +18,7 @@ use crate::session::Session;
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The plan a run was checked against, in its run directory.
 pub const PLAN_FILE: &str = "plan.json";
@@ -110,6 +113,8 @@ pub struct RunSummary {
     pub plot: Option<PathBuf>,
     /// Warnings printed on the way (checkpoints passed over on resume, ...).
     pub warnings: Vec<String>,
+    /// The step after which a SIGTERM stopped the run (its checkpoint written), if one did.
+    pub stopped_after: Option<u64>,
 }
 
 /// Where a new run goes when `--out` is not given. Each process of a multi-process run writes
@@ -229,6 +234,12 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     } else {
         progress.message(&format!("run directory: {}", dir.path.display()));
     }
+    // SIGTERM sets the flag instead of ending the process, until the run returns.
+    let preempted = Arc::new(AtomicBool::new(false));
+    let watch = signal_hook::flag::register(signal_hook::consts::SIGTERM, preempted.clone())
+        .context("watching for SIGTERM")?;
+    let _unwatch = Unregister(watch);
+    let mut stopped_after = None;
     for step in first..total {
         let mut report = session
             .run_step(step, &mut |e| progress.event(e))
@@ -244,9 +255,20 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         }
         metrics.write(step + 1, &report.metrics)?;
         progress.step_done(&report);
-        if every > 0 && ((step + 1) % every == 0 || step + 1 == total) {
+        let stop = preempted.load(Ordering::SeqCst) && step + 1 < total;
+        if stop || (every > 0 && ((step + 1) % every == 0 || step + 1 == total)) {
             session.save_checkpoint(&dir.checkpoint(step + 1), step + 1)?;
             dir.prune_checkpoints(keep, step + 1)?;
+        }
+        if stop {
+            progress.message(&format!(
+                "SIGTERM: stopped after step {}/{total} with its checkpoint; continue with \
+                 `flowrl run --resume {}`",
+                step + 1,
+                dir.path.display()
+            ));
+            stopped_after = Some(step + 1);
+            break;
         }
     }
     progress.finish();
@@ -268,5 +290,15 @@ pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         seconds: progress.elapsed().as_secs_f64(),
         plot: plot_path,
         warnings,
+        stopped_after,
     })
+}
+
+/// Restores SIGTERM's default action when the run returns.
+struct Unregister(signal_hook::SigId);
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        signal_hook::low_level::unregister(self.0);
+    }
 }
