@@ -3,12 +3,10 @@
 //! `flowrl data` belongs to the datasets crate; `flowrl generate` (one response from a checkpoint,
 //! through the rollout node's code) is [`generate`]; `flowrl export` (a checkpoint's model as a
 //! Hugging Face directory, a LoRA model as a PEFT adapter plus the merged model) is [`export`];
-//! `flowrl convert verl` (a verl run's configuration as a graph) is [`convert`]; the engine
-//! parses `flowrl orchestrator` and `flowrl_nodes::orchestrator` runs it (the engine does not
-//! link burn-collective).
+//! `flowrl convert verl` (a verl run's configuration as a graph) is [`convert`].
 
 use clap::{Parser, Subcommand};
-use flowrl_engine::cli::{Command, execute_with};
+use flowrl_engine::cli::{Command, execute};
 use std::process::ExitCode;
 
 mod convert;
@@ -52,11 +50,7 @@ fn main() -> ExitCode {
     flowrl_nodes::allocator::keep_freed_memory();
     let cli = Cli::parse();
     match &cli.command {
-        Top::Engine(cmd) => execute_with(
-            cmd,
-            &flowrl_nodes::builtin_registry(),
-            flowrl_nodes::orchestrator::run,
-        ),
+        Top::Engine(cmd) => execute(cmd, &flowrl_nodes::builtin_registry()),
         Top::Data(cmd) => match flowrl_datasets::cli::run(cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -1,6 +1,6 @@
 //! End-to-end tests of the `flowrl` binary: help, validate/graph/nodes on the shipped graphs, a
 //! small real run (dataset → JSONL sink) for the run directory, refusal, resume and plots, and the
-//! multi-process flags and `flowrl orchestrator`.
+//! multi-process flags and variables.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -45,7 +45,6 @@ fn help_explains_the_commands() {
         "nodes",
         "plot",
         "data",
-        "orchestrator",
         "generate",
         "export",
     ] {
@@ -61,15 +60,15 @@ fn help_explains_the_commands() {
         "--force",
         "--rank",
         "--world",
-        "--orchestrator",
-        "--node-address",
+        "--master",
         "--collective-timeout",
     ] {
         assert!(h.contains(flag), "{h}");
     }
     assert!(h.contains("Several processes"), "{h}");
     // The long help walks through a multi-process launch.
-    assert!(h.contains("flowrl orchestrator --port 3000"), "{h}");
+    assert!(h.contains("flowrl run g.toml --rank 1 --world 2 --master HOST0:29500"), "{h}");
+    assert!(h.contains("torchrun") && h.contains("SLURM_PROCID"), "{h}");
     let h = text(&flowrl(&["validate", "--help"]).stdout);
     assert!(h.contains("--world") && h.contains("[run] devices"), "{h}");
 }
@@ -376,10 +375,8 @@ fn validate_reports_devices_and_processes() {
         "1",
         "--world",
         "2",
-        "--orchestrator",
-        "ws://127.0.0.1:3000",
-        "--node-address",
-        "ws://127.0.0.1:3001",
+        "--master",
+        "127.0.0.1:3000",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -409,41 +406,25 @@ fn cluster_flags_are_checked_before_anything_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let g = sink_graph(tmp.path());
     let g = g.to_str().unwrap();
-    let addrs = [
-        "--orchestrator",
-        "ws://127.0.0.1:3000",
-        "--node-address",
-        "ws://127.0.0.1:3001",
-    ];
+    let addrs = ["--master", "127.0.0.1:3000"];
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
             vec!["--rank", "2", "--world", "2"],
             "error: --rank 2 must be below --world 2 (ranks are 0..1)",
         ),
-        (vec!["--world", "0"], "error: --world must be at least 1"),
+        (vec!["--world", "0"], "error: --world 0: a run needs at least one process"),
         (
-            vec!["--world", "2", "--node-address", "ws://127.0.0.1:3001"],
-            "error: --world 2 needs --orchestrator ws://HOST:PORT",
+            vec!["--world", "2"],
+            "error: a run of 2 processes needs rank 0's address: --master HOST:PORT",
         ),
         (
-            vec!["--world", "2", "--orchestrator", "ws://127.0.0.1:3000"],
-            "error: --world 2 needs --node-address ws://HOST:PORT",
-        ),
-        (
-            vec![
-                "--world",
-                "2",
-                "--orchestrator",
-                "127.0.0.1:3000",
-                "--node-address",
-                "ws://127.0.0.1:3001",
-            ],
-            "error: --orchestrator `127.0.0.1:3000`: not a ws:// address; expected ws://HOST:PORT",
+            vec!["--world", "2", "--master", "ws://127.0.0.1:3000"],
+            "error: rank 0's address `ws://127.0.0.1:3000`: no host; expected HOST:PORT",
         ),
     ];
     for (flags, want) in cases {
-        // `validate` connects to nothing: it needs no addresses, but checks those given.
-        let needs_address = want.contains("needs --");
+        // `validate` connects to nothing: it needs no address.
+        let needs_address = want.contains("address");
         for cmd in ["validate", "run"] {
             if cmd == "validate" && needs_address {
                 continue;
@@ -492,10 +473,8 @@ fn each_process_of_a_run_writes_its_own_run_directory() {
             "1",
             "--world",
             "2",
-            "--orchestrator",
-            "ws://127.0.0.1:3000",
-            "--node-address",
-            "ws://127.0.0.1:3001",
+            "--master",
+            "127.0.0.1:3000",
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -520,71 +499,4 @@ fn each_process_of_a_run_writes_its_own_run_directory() {
         (1.into(), 2.into())
     );
     assert_eq!(info["devices"], "cpu:0");
-}
-
-/// A port nothing listens on (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-#[test]
-fn orchestrator_listens_until_terminated() {
-    use std::io::{BufRead, BufReader};
-    let port = free_port().to_string();
-    let mut child = Command::new(BIN)
-        .args(["orchestrator", "--port", &port])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(
-        line,
-        format!("orchestrator listening on ws://0.0.0.0:{port}\n")
-    );
-    // It accepts connections.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing listens on {port}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    // SIGTERM stops it cleanly.
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if std::time::Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("the orchestrator did not stop on SIGTERM");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}");
-
-    // A port in use is a clear error, not a silent exit.
-    let busy = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-    let port = busy.local_addr().unwrap().port().to_string();
-    let out = flowrl(&["orchestrator", "--port", &port]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains(&format!("the orchestrator cannot listen on port {port}")),
-        "{}",
-        text(&out.stderr)
-    );
 }

@@ -1,7 +1,8 @@
 //! Scale-out end to end, through the `flowrl` binary: the default GRPO graph (small settings) run
-//! on two CPU replicas in one process, and as two processes joined by `flowrl orchestrator` on
-//! loopback, gives the metrics of the same run on one device; a process whose peer never joins
-//! stops with an error within its collective timeout instead of hanging.
+//! on two CPU replicas in one process, and as two processes on loopback launched as torchrun
+//! launches them, gives the metrics of the same run on one device. A process whose peer never
+//! joins stops within its collective timeout; one whose peer runs another graph is refused at the
+//! rendezvous; one whose peer dies or stops answering mid-run stops within 60 s, naming it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -84,30 +85,11 @@ impl Drop for Killed {
     }
 }
 
-fn orchestrator() -> (Killed, u16) {
-    let port = free_port();
-    let child = Command::new(BIN)
-        .args(["orchestrator", "--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the orchestrator does not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (Killed(child), port)
-}
-
-fn rank(rank: usize, orchestrator: u16, out: &Path, timeout: &str, steps: &str) -> Command {
-    let node = format!("ws://127.0.0.1:{}", free_port());
-    let orch = format!("ws://127.0.0.1:{orchestrator}");
+/// Process `rank` of two, told by flags (`torchrun = false`) or by torchrun's variables.
+fn rank(rank: usize, port: u16, out: &Path, timeout: &str, steps: &str, torchrun: bool) -> Command {
+    let master = format!("127.0.0.1:{port}");
     let r = rank.to_string();
-    let mut c = command(&[
+    let mut args = vec![
         "run",
         GRAPH,
         "--steps",
@@ -116,31 +98,43 @@ fn rank(rank: usize, orchestrator: u16, out: &Path, timeout: &str, steps: &str) 
         out.to_str().unwrap(),
         "--device",
         "cpu",
-        "--rank",
-        &r,
-        "--world",
-        "2",
-        "--orchestrator",
-        &orch,
-        "--node-address",
-        &node,
         "--collective-timeout",
         timeout,
-    ]);
+    ];
+    if !torchrun {
+        args.extend(["--rank", &r, "--world", "2", "--master", &master]);
+    }
+    let mut c = command(&args);
+    if torchrun {
+        c.env("RANK", &r)
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+    }
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     c
+}
+
+/// Waits until the run in `out` has finished a step (its collectives are set up and working).
+fn after_a_step(out: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(out.join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
+        assert!(Instant::now() < deadline, "{} never finished a step", out.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
 fn two_processes_on_loopback_match_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let expected = one_device(dir.path());
-    let (_orchestrator, port) = orchestrator();
+    let port = free_port();
     let outs: Vec<PathBuf> = (0..2)
         .map(|r| dir.path().join(format!("rank{r}")))
         .collect();
+    // Launched as torchrun launches them: by environment variables alone.
     let children: Vec<Child> = (0..2)
-        .map(|r| rank(r, port, &outs[r], "120", "2").spawn().unwrap())
+        .map(|r| rank(r, port, &outs[r], "120", "2", true).spawn().unwrap())
         .collect();
     for (r, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output().unwrap();
@@ -160,57 +154,76 @@ fn two_processes_on_loopback_match_one_process() {
 #[test]
 fn a_process_whose_peer_never_joins_stops_with_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let (_orchestrator, port) = orchestrator();
     let start = Instant::now();
-    let out = rank(0, port, &dir.path().join("rank0"), "3", "2")
+    let out = rank(0, free_port(), &dir.path().join("rank0"), "3", "2", false)
         .output()
         .unwrap();
     let waited = start.elapsed();
     let err = text(&out.stderr);
     assert!(!out.status.success(), "rank 0 alone succeeded:\n{err}");
-    assert!(
-        waited < Duration::from_secs(90),
-        "it took {waited:?} to give up"
-    );
-    assert!(
-        err.contains("not every process joined within 3 s"),
-        "{err}"
-    );
-    assert!(err.contains("process 0 of 2"), "{err}");
+    assert!(waited < Duration::from_secs(60), "it took {waited:?} to give up");
+    assert!(err.contains("rank 1") && err.contains("did not join within 3 s"), "{err}");
 }
 
 #[test]
-fn a_process_whose_peer_dies_mid_run_stops_with_an_error() {
+fn a_rank_with_another_graph_is_refused_at_the_rendezvous() {
     let dir = tempfile::tempdir().unwrap();
-    let (_orchestrator, port) = orchestrator();
-    let outs: Vec<PathBuf> = (0..2)
-        .map(|r| dir.path().join(format!("rank{r}")))
-        .collect();
-    let survivor = rank(0, port, &outs[0], "5", "200").spawn().unwrap();
-    let mut victim = Killed(rank(1, port, &outs[1], "5", "200").spawn().unwrap());
-    // Kill rank 1 once it has finished a step (the collective is set up and working).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while std::fs::read_to_string(outs[1].join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
-        assert!(Instant::now() < deadline, "rank 1 never finished a step");
-        std::thread::sleep(Duration::from_millis(50));
+    let port = free_port();
+    let first = rank(0, port, &dir.path().join("rank0"), "20", "2", false).spawn().unwrap();
+    let mut other = rank(1, port, &dir.path().join("rank1"), "20", "2", false);
+    other.args(["--set", "run.seed=5"]);
+    let second = other.spawn().unwrap();
+    for (r, c) in [first, second].into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "rank {r} ran:\n{err}");
+        assert!(err.contains("graph file and --set overrides"), "rank {r}: {err}");
     }
-    victim.0.kill().unwrap();
-    let killed_at = Instant::now();
-    let out = survivor.wait_with_output().unwrap();
-    let err = text(&out.stderr);
+}
+
+#[test]
+fn contradicting_launch_settings_are_a_usage_error() {
+    let out = command(&["run", GRAPH, "--world", "2", "--master", "127.0.0.1:1"])
+        .env("WORLD_SIZE", "4")
+        .env("RANK", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
-        !out.status.success(),
-        "rank 0 finished without its peer:\n{err}"
+        text(&out.stderr).contains("--world 2 contradicts WORLD_SIZE=4"),
+        "{}",
+        text(&out.stderr)
     );
-    assert!(
-        killed_at.elapsed() < Duration::from_secs(60),
-        "rank 0 took {:?} to stop",
-        killed_at.elapsed()
-    );
-    // Either the broken connection or the 5 s wait ends it, with the same explanation.
-    assert!(
-        err.contains("collective") && err.contains("a process failed or exited"),
-        "{err}"
-    );
-    assert!(!err.contains("stack backtrace"), "{err}");
+}
+
+/// A rank killed, or stopped (SIGSTOP), mid-run: the other stops within 60 s, naming it.
+#[test]
+fn a_process_that_dies_or_stalls_mid_run_stops_the_other_naming_it() {
+    for signal in ["KILL", "STOP"] {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let outs: Vec<PathBuf> = (0..2)
+            .map(|r| dir.path().join(format!("rank{r}")))
+            .collect();
+        let survivor = rank(0, port, &outs[0], "600", "200", false).spawn().unwrap();
+        let victim = Killed(rank(1, port, &outs[1], "600", "200", false).spawn().unwrap());
+        after_a_step(&outs[1]);
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &victim.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let at = Instant::now();
+        let out = survivor.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "SIG{signal}: rank 0 finished without its peer:\n{err}");
+        assert!(
+            at.elapsed() < Duration::from_secs(60),
+            "SIG{signal}: rank 0 took {:?} to stop",
+            at.elapsed()
+        );
+        assert!(err.contains("rank 1"), "SIG{signal}: {err}");
+        assert!(!err.contains("stack backtrace"), "{err}");
+        drop(victim);
+    }
 }

@@ -1,10 +1,8 @@
-//! The engine's command-line interface: `run`, `validate`, `graph`, `nodes`, `plot`, and
-//! `orchestrator` (the coordinator of a multi-process run).
+//! The engine's command-line interface: `run`, `validate`, `plan`, `graph`, `nodes`, `plot`.
 //!
 //! A binary embeds these commands with `#[command(flatten)]` (see `src/main.rs`, which adds
-//! `flowrl data`) or runs them alone with [`main_with`] (plugin binaries, through flowrl-nodes). The engine
-//! parses `orchestrator` but does not run it: the coordinator is burn-collective's, which the
-//! engine does not link; a binary that does passes it to [`execute_with`]. Exit codes:
+//! `flowrl data`) or runs them alone with [`main_with`] (plugin binaries, through flowrl-nodes).
+//! Exit codes:
 //! 0 success, 78 configuration error (sysexits' EX_CONFIG: the graph, an override or the device),
 //! 1 any other failure, 2 bad command-line usage (clap).
 
@@ -15,7 +13,7 @@ use crate::export::{Format, export};
 use crate::graph::Graph;
 use crate::node::NodeKind;
 use crate::params::ParamSpec;
-use crate::placement::Cluster;
+use crate::placement::{Cluster, Launch};
 use crate::plan::{self, GPU_MODELS, GpuModel, Plan, Pool};
 use crate::progress::ProgressMode;
 use crate::registry::Registry;
@@ -41,13 +39,15 @@ Devices: `[run] device = \"cuda:0\"` or `[run] devices = [\"cuda:0\", \"cuda:1\"
 `[\"cpu:0\", \"cpu:1\"]`, or `vulkan:N`). Data-parallel nodes (rollout, logprob, update.*) run one replica per
 device and all-reduce their gradients; other nodes run on the first device or their own `device`.
 
-Several processes (one per machine, say): start the orchestrator once, then every process with
-the same graph, its rank, the world size and an address the others can reach it at:
-  flowrl orchestrator --port 3000
-  flowrl run g.toml --rank 0 --world 2 --orchestrator ws://HOST0:3000 --node-address ws://HOST0:3001
-  flowrl run g.toml --rank 1 --world 2 --orchestrator ws://HOST0:3000 --node-address ws://HOST1:3001
-Without --out each process writes its own run directory (suffix -rankR). A process that dies or
-never joins stops the others after --collective-timeout seconds.";
+Several processes (one per machine, or one per GPU): every process runs the same graph with its
+rank, the number of processes and rank 0's address, which rank 0 listens on:
+  flowrl run g.toml --rank 0 --world 2 --master HOST0:29500
+  flowrl run g.toml --rank 1 --world 2 --master HOST0:29500
+or reads them from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or Slurm's
+(SLURM_PROCID, SLURM_NTASKS, the first host of SLURM_JOB_NODELIST, MASTER_PORT or 29500).
+Without --out each process writes its own run directory (suffix -rankR). A process that fails,
+dies or stops answering stops the others within --collective-timeout seconds (30 for a process
+that stopped answering), naming it.";
 
 /// The engine's subcommands.
 #[derive(Debug, Clone, Subcommand)]
@@ -76,9 +76,6 @@ pub enum Command {
         after_help = "Examples:\n  flowrl plan graphs/grpo_vlm.toml\n  flowrl plan graphs/grpo_vlm.toml --json            (schema: docs/plan.md)\n  flowrl plan graphs/grpo_vlm.toml --gpu h200 --device cuda:0\n  flowrl plan my_8gpu_graph.toml --gpu h100 --gpus 8  ([run] devices = [\"cuda:0\", ...])"
     )]
     Plan(PlanArgs),
-    /// Coordinate a multi-process run: burn-collective's global orchestrator, until killed.
-    #[command(after_help = SCALE_OUT_HELP)]
-    Orchestrator(OrchestratorArgs),
 }
 
 /// Overrides shared by the commands that read a graph.
@@ -96,60 +93,47 @@ pub struct GraphInput {
 }
 
 /// The processes of a multi-process run: every process runs the same graph with its own rank.
+/// Flags not given are read from torchrun's or Slurm's variables ([`Cluster::from_launch`]).
 #[derive(Debug, Clone, Args)]
 pub struct ClusterArgs {
-    /// This process's rank, 0..WORLD.
-    #[arg(long, value_name = "R", default_value_t = 0)]
-    pub rank: usize,
-    /// Number of processes of the run (data-parallel nodes all-reduce across all of them).
-    #[arg(long, value_name = "W", default_value_t = 1)]
-    pub world: usize,
-    /// The orchestrator (`flowrl orchestrator --port PORT`), as ws://HOST:PORT. Needed by `run`
-    /// when --world > 1.
-    #[arg(long, value_name = "ws://HOST:PORT")]
-    pub orchestrator: Option<String>,
-    /// Where the other processes reach this one, as ws://HOST:PORT (PORT serves its tensors).
-    /// Needed by `run` when --world > 1.
-    #[arg(long, value_name = "ws://HOST:PORT")]
-    pub node_address: Option<String>,
-    /// Seconds a collective operation waits for the other processes before the run stops with an
-    /// error (a process that died or never joined).
+    /// This process's rank, 0..WORLD (default: RANK or SLURM_PROCID, else 0).
+    #[arg(long, value_name = "R")]
+    pub rank: Option<usize>,
+    /// Number of processes of the run (default: WORLD_SIZE or SLURM_NTASKS, else 1).
+    #[arg(long, value_name = "W")]
+    pub world: Option<usize>,
+    /// Rank 0's address, which rank 0 listens on and the others connect to (default:
+    /// MASTER_ADDR:MASTER_PORT, or the first host of SLURM_JOB_NODELIST). Needed by `run` when
+    /// the run has several processes.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub master: Option<String>,
+    /// Seconds the rendezvous and each collective operation wait for the other processes before
+    /// the run stops with an error naming the missing one.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub collective_timeout: u64,
 }
 
 impl ClusterArgs {
-    /// The checked cluster (`None` for one process); the error names the flag at fault.
+    fn launch(&self) -> Launch<'_> {
+        Launch {
+            rank: self.rank,
+            world: self.world,
+            master: self.master.as_deref(),
+            timeout: Duration::from_secs(self.collective_timeout),
+        }
+    }
+
+    /// The checked cluster (`None` for one process); the error names the flag or variable at
+    /// fault.
     pub fn cluster(&self) -> Result<Option<Cluster>, String> {
-        Cluster::from_flags(
-            self.rank,
-            self.world,
-            self.orchestrator.as_deref(),
-            self.node_address.as_deref(),
-            Duration::from_secs(self.collective_timeout),
-        )
+        Cluster::from_launch(&self.launch(), &|k| std::env::var(k).ok())
     }
 
-    /// The number of processes `validate` checks the graph for: the flags are checked as for
-    /// `run`, except that `validate` connects to nothing and so needs no addresses.
+    /// The number of processes `validate` checks the graph for: the ranks are checked as for
+    /// `run`, but `validate` connects to nothing and so needs no address.
     pub fn world_to_validate(&self) -> Result<usize, String> {
-        const NOWHERE: &str = "ws://localhost:1";
-        Cluster::from_flags(
-            self.rank,
-            self.world,
-            Some(self.orchestrator.as_deref().unwrap_or(NOWHERE)),
-            Some(self.node_address.as_deref().unwrap_or(NOWHERE)),
-            Duration::from_secs(self.collective_timeout),
-        )
-        .map(|c| c.map_or(1, |c| c.world))
+        Cluster::ranks(&self.launch(), &|k| std::env::var(k).ok()).map(|(_, world)| world)
     }
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct OrchestratorArgs {
-    /// Port to listen on (all interfaces); give the processes `--orchestrator ws://HOST:PORT`.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
-    pub port: u16,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -253,25 +237,15 @@ struct EngineCli {
     command: Command,
 }
 
-/// Parses the process arguments and runs an engine command with `registry`, `orchestrator`
-/// running the `orchestrator` command (for plugin binaries, through flowrl-nodes'
-/// `main_with_builtin_and`).
-pub fn main_with(registry: Registry, orchestrator: RunOrchestrator) -> ExitCode {
+/// Parses the process arguments and runs an engine command with `registry` (for plugin
+/// binaries, through flowrl-nodes' `main_with_builtin_and`).
+pub fn main_with(registry: Registry) -> ExitCode {
     let cli = EngineCli::parse();
-    execute_with(&cli.command, &registry, orchestrator)
+    execute(&cli.command, &registry)
 }
 
-/// A binary's `orchestrator` command: runs the coordinator until the process is killed.
-pub type RunOrchestrator = fn(&OrchestratorArgs) -> anyhow::Result<ExitCode>;
-
-/// Runs one command; returns the process exit code. `orchestrator` is an error that points to
-/// `flowrl orchestrator` (see [`execute_with`]).
+/// Runs one command; returns the process exit code.
 pub fn execute(cmd: &Command, registry: &Registry) -> ExitCode {
-    execute_with(cmd, registry, no_orchestrator)
-}
-
-/// [`execute`] in a binary that links an orchestrator and runs `orchestrator` with it.
-pub fn execute_with(cmd: &Command, registry: &Registry, orchestrator: RunOrchestrator) -> ExitCode {
     let result = match cmd {
         Command::Run(a) => cmd_run(a, registry),
         Command::Validate(a) => cmd_validate(a, registry),
@@ -282,7 +256,6 @@ pub fn execute_with(cmd: &Command, registry: &Registry, orchestrator: RunOrchest
             println!("wrote {}", p.display());
             ExitCode::SUCCESS
         }),
-        Command::Orchestrator(a) => orchestrator(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
@@ -372,6 +345,10 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
     if let Some(code) = refuse_overflow(&plan, a.force) {
         return Ok(code);
     }
+    let cluster = cluster.map(|mut c| {
+        c.fingerprint = fingerprint(&graph_file, a, &graph, resume);
+        c
+    });
     let opts = RunOptions {
         plan: Some(crate::run::PlanRecord::of(
             &plan,
@@ -410,6 +387,24 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
         println!("plots: {}", p.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What every process of a run must agree on (checked at the rendezvous): the graph file's text
+/// with the overrides and steps, the number of devices per process (replica indices depend on
+/// it), and whether it resumes. The devices themselves may differ (`--device cuda:$LOCAL_RANK`).
+fn fingerprint(graph_file: &Path, a: &RunArgs, graph: &Graph, resume: bool) -> Vec<(String, String)> {
+    let mut hash = crc32fast::Hasher::new();
+    hash.update(&std::fs::read(graph_file).unwrap_or_default());
+    for s in &a.input.set {
+        hash.update(s.as_bytes());
+        hash.update(b"\n");
+    }
+    vec![
+        ("graph file and --set overrides (crc32)".into(), format!("{:08x}", hash.finalize())),
+        ("steps".into(), graph.run.steps.to_string()),
+        ("devices per process".into(), graph.devices.len().to_string()),
+        ("--resume".into(), resume.to_string()),
+    ]
 }
 
 fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
@@ -658,14 +653,6 @@ fn cmd_nodes(a: &NodesArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `orchestrator` in a binary without one.
-fn no_orchestrator(a: &OrchestratorArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!(
-        "this binary cannot run the orchestrator; start it with `flowrl orchestrator --port {}`",
-        a.port
-    )
 }
 
 fn summary(doc: &str) -> &str {

@@ -66,22 +66,41 @@ impl Placement {
     }
 }
 
-/// The processes of a multi-process run (`flowrl run --rank R --world W --orchestrator ADDR`).
+/// The processes of a multi-process run (`flowrl run --rank R --world W --master HOST:PORT`, or
+/// the variables torchrun and Slurm set: [`Cluster::from_launch`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Cluster {
     /// This process, `0..world`.
     pub rank: usize,
     /// Number of processes.
     pub world: usize,
-    /// The collective orchestrator's address, `ws://host:port` (`flowrl orchestrator --port P`).
-    pub orchestrator: String,
-    /// The address other processes reach this one at, `ws://host:port`.
-    pub node_address: String,
-    /// The port of this process's tensor service (the port of `node_address`).
-    pub data_port: u16,
-    /// How long a collective operation waits for the other processes before the run stops with
-    /// an error (a process that died or never joined).
+    /// Where rank 0 serves the rendezvous and the collectives, `HOST:PORT`.
+    pub master: String,
+    /// How long the rendezvous and each collective operation wait for the other processes
+    /// before the run stops with an error naming the missing one.
     pub timeout: Duration,
+    /// What every process must agree on, as (name, value) pairs; rank 0 refuses a process whose
+    /// list differs, naming the difference.
+    pub fingerprint: Vec<(String, String)>,
+}
+
+/// What runs when this process's run ends (see [`on_run_end`]).
+type RunEnd = Box<dyn FnOnce(Option<&str>) + Send>;
+
+static RUN_END: std::sync::Mutex<Vec<RunEnd>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers `f` to run once when this process's run ends, with the error's text when it failed:
+/// how the crate that joined the run's processes leaves them, or tells them why it stops.
+pub fn on_run_end(f: RunEnd) {
+    RUN_END.lock().unwrap_or_else(|e| e.into_inner()).push(f);
+}
+
+/// Runs (and forgets) what [`on_run_end`] registered; `failure` is the run's error, if any.
+pub fn run_ended(failure: Option<&str>) {
+    let ends = std::mem::take(&mut *RUN_END.lock().unwrap_or_else(|e| e.into_inner()));
+    for f in ends {
+        f(failure);
+    }
 }
 
 /// Placement as seen by a kind's `validate` hook, so that a kind can refuse work that would not
@@ -106,62 +125,128 @@ impl ValidateCtx<'_> {
     }
 }
 
+/// How a process was told about its run: its flags (`None`: not given) and the launcher's
+/// environment.
+pub struct Launch<'a> {
+    pub rank: Option<usize>,
+    pub world: Option<usize>,
+    pub master: Option<&'a str>,
+    pub timeout: Duration,
+}
+
+/// The port rank 0 listens on when the launcher names its host but no port (torchrun's default).
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
 impl Cluster {
-    /// A checked cluster from the command-line flags (`--rank`, `--world`, `--orchestrator`,
-    /// `--node-address`, `--collective-timeout`): `None` for a one-process run (the address flags
-    /// are then ignored). The error names the flag at fault.
-    pub fn from_flags(
-        rank: usize,
-        world: usize,
-        orchestrator: Option<&str>,
-        node_address: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Option<Cluster>, String> {
-        if world == 0 {
-            return Err("--world must be at least 1".into());
+    /// The rank and the number of processes: the flags, else torchrun's `RANK` and `WORLD_SIZE`,
+    /// else Slurm's `SLURM_PROCID` and `SLURM_NTASKS` (torchrun's win when both are set: torchrun
+    /// inside an allocation numbers the processes itself); 0 of 1 when nothing says otherwise. A
+    /// flag and a variable that disagree are an error naming both.
+    pub fn ranks(
+        launch: &Launch<'_>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(usize, usize), String> {
+        let torchrun = env("RANK").is_some() || env("WORLD_SIZE").is_some();
+        let (rank_var, world_var) = if torchrun {
+            ("RANK", "WORLD_SIZE")
+        } else {
+            ("SLURM_PROCID", "SLURM_NTASKS")
+        };
+        let number = |var: &str| -> Result<Option<usize>, String> {
+            env(var)
+                .map(|v| {
+                    v.trim()
+                        .parse::<usize>()
+                        .map_err(|_| format!("{var}=`{v}` is not a number"))
+                })
+                .transpose()
+        };
+        let agree = |flag: &str, given: Option<usize>, var: &str| -> Result<(Option<usize>, String), String> {
+            match (given, number(var)?) {
+                (Some(f), Some(e)) if f != e => {
+                    Err(format!("{flag} {f} contradicts {var}={e} in the environment"))
+                }
+                (Some(f), _) => Ok((Some(f), format!("{flag} {f}"))),
+                (None, Some(e)) => Ok((Some(e), format!("{var}={e}"))),
+                (None, None) => Ok((None, String::new())),
+            }
+        };
+        let (rank, rank_said) = agree("--rank", launch.rank, rank_var)?;
+        let (world, world_said) = agree("--world", launch.world, world_var)?;
+        let world_n = world.unwrap_or(1);
+        let rank_n = rank.unwrap_or(0);
+        if world_n == 0 {
+            return Err(format!("{world_said}: a run needs at least one process"));
         }
-        if rank >= world {
+        if rank_n >= world_n {
+            let world_said = if world.is_some() {
+                world_said
+            } else {
+                "one process (no --world or WORLD_SIZE)".to_string()
+            };
             return Err(format!(
-                "--rank {rank} must be below --world {world} (ranks are 0..{})",
-                world - 1
+                "{rank_said} must be below {world_said} (ranks are 0..{})",
+                world_n - 1
             ));
         }
-        if timeout.is_zero() {
+        Ok((rank_n, world_n))
+    }
+
+    /// A checked cluster from the flags and the launcher's environment ([`Cluster::ranks`];
+    /// rank 0's address from `--master`, else `MASTER_ADDR` and `MASTER_PORT`, else the first host
+    /// of Slurm's node list and `MASTER_PORT` or [`DEFAULT_MASTER_PORT`]): `None` for a
+    /// one-process run. The error names the flag or variable at fault.
+    pub fn from_launch(
+        launch: &Launch<'_>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Cluster>, String> {
+        if launch.timeout.is_zero() {
             return Err("--collective-timeout must be at least 1 second".into());
         }
+        let (rank, world) = Self::ranks(launch, env)?;
         if world == 1 {
             return Ok(None);
         }
-        let need = |flag: &str, v: Option<&str>| {
-            v.map(str::to_string).ok_or_else(|| {
-                format!(
-                    "--world {world} needs {flag} ws://HOST:PORT (see `flowrl run --help`, \"Several processes\")"
-                )
-            })
+        let port = env("MASTER_PORT");
+        let from_env = match (env("MASTER_ADDR"), &port) {
+            (Some(host), Some(port)) => Some((format!("{host}:{port}"), "MASTER_ADDR and MASTER_PORT")),
+            (Some(host), None) => Some((format!("{host}:{DEFAULT_MASTER_PORT}"), "MASTER_ADDR")),
+            (None, _) => env("SLURM_JOB_NODELIST")
+                .or_else(|| env("SLURM_NODELIST"))
+                .and_then(|list| first_host(&list))
+                .map(|host| {
+                    let port = port.clone().unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string());
+                    (format!("{host}:{port}"), "the first host of SLURM_JOB_NODELIST")
+                }),
         };
-        let orchestrator = need("--orchestrator", orchestrator)?;
-        let node_address = need("--node-address", node_address)?;
-        ws_port("--orchestrator", &orchestrator)?;
-        let data_port = ws_port("--node-address", &node_address)?;
+        let master = match (launch.master, from_env) {
+            (Some(flag), Some((env, what))) if flag != env => {
+                return Err(format!("--master {flag} contradicts {what} ({env})"));
+            }
+            (Some(flag), _) => flag.to_string(),
+            (None, Some((env, _))) => env,
+            (None, None) => {
+                return Err(format!(
+                    "a run of {world} processes needs rank 0's address: --master HOST:PORT, or \
+                     MASTER_ADDR and MASTER_PORT (see `flowrl run --help`, \"Several processes\")"
+                ));
+            }
+        };
+        host_port(&master)?;
         Ok(Some(Cluster {
             rank,
             world,
-            orchestrator,
-            node_address,
-            data_port,
-            timeout,
+            master,
+            timeout: launch.timeout,
+            fingerprint: Vec::new(),
         }))
     }
 }
 
-/// The port of a `ws://HOST:PORT` address (a trailing `/` is allowed); the error names `flag`.
-pub fn ws_port(flag: &str, address: &str) -> Result<u16, String> {
-    let bad = |why: &str| format!("{flag} `{address}`: {why}; expected ws://HOST:PORT");
-    let rest = address
-        .strip_prefix("ws://")
-        .ok_or_else(|| bad("not a ws:// address"))?;
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+/// The port of a `HOST:PORT` address; the error names the address.
+pub fn host_port(address: &str) -> Result<u16, String> {
+    let bad = |why: &str| format!("rank 0's address `{address}`: {why}; expected HOST:PORT");
+    let (host, port) = address.rsplit_once(':').ok_or_else(|| bad("no port"))?;
     if host.is_empty() || host.contains('/') {
         return Err(bad("no host"));
     }
@@ -169,6 +254,33 @@ pub fn ws_port(flag: &str, address: &str) -> Result<u16, String> {
         Ok(p) if p > 0 => Ok(p),
         _ => Err(bad(&format!("`{port}` is not a port (1..65535)"))),
     }
+}
+
+/// The first host of a Slurm node list: `gpu-a[07-09,12],gpu-b3` → `gpu-a07`.
+pub fn first_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let end = list
+        .char_indices()
+        .scan(0i32, |depth, (i, c)| {
+            match c {
+                '[' => *depth += 1,
+                ']' => *depth -= 1,
+                _ => {}
+            }
+            Some((i, c, *depth))
+        })
+        .find(|&(_, c, depth)| c == ',' && depth == 0)
+        .map_or(list.len(), |(i, _, _)| i);
+    let first = &list[..end];
+    let host = match first.split_once('[') {
+        None => first.to_string(),
+        Some((prefix, ranges)) => {
+            let first_range = ranges.trim_end_matches(']').split(',').next()?;
+            let start = first_range.split('-').next()?;
+            format!("{prefix}{start}")
+        }
+    };
+    (!host.is_empty()).then_some(host)
 }
 
 #[cfg(test)]
@@ -187,50 +299,71 @@ mod tests {
         assert_eq!(node_devices(false, pinned, &run), vec![DeviceSpec::Cpu(1)]);
         let p = Placement {
             devices: run.to_vec(),
-            cluster: Cluster::from_flags(1, 3, Some("ws://h:3000"), Some("ws://h:3001"), T)
+            cluster: Cluster::from_launch(&launch(Some(1), Some(3), Some("h:3000")), &env(&[]))
                 .unwrap(),
         };
         assert_eq!((p.world_replicas(), p.first_replica()), (6, 2));
     }
 
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    fn launch(rank: Option<usize>, world: Option<usize>, master: Option<&str>) -> Launch<'_> {
+        Launch { rank, world, master, timeout: T }
+    }
+
     #[test]
-    fn cluster_flags_are_checked() {
-        let c = Cluster::from_flags(
-            1,
-            2,
-            Some("ws://10.0.0.1:3000"),
-            Some("ws://10.0.0.2:3011/"),
-            T,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!((c.rank, c.world, c.data_port), (1, 2, 3011));
-        // One process: the address flags are ignored.
+    fn flags_torchrun_and_slurm_name_the_processes() {
+        let none = env(&[]);
+        let c = Cluster::from_launch(&launch(Some(1), Some(2), Some("10.0.0.1:3000")), &none)
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.rank, c.world, c.master.as_str()), (1, 2, "10.0.0.1:3000"));
+        assert_eq!(Cluster::from_launch(&launch(None, None, None), &none), Ok(None));
+        let torchrun = env(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h0"), ("MASTER_PORT", "29400")]);
+        let c = Cluster::from_launch(&launch(None, None, None), &torchrun).unwrap().unwrap();
+        assert_eq!((c.rank, c.world, c.master.as_str()), (3, 4, "h0:29400"));
+        let slurm = env(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "gpu-a[07-09,12],gpu-b3"),
+        ]);
+        let c = Cluster::from_launch(&launch(None, None, None), &slurm).unwrap().unwrap();
+        assert_eq!((c.rank, c.world, c.master.as_str()), (1, 2, "gpu-a07:29500"));
+        // torchrun inside a Slurm allocation numbers the processes itself.
+        let both = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("RANK", "5"), ("WORLD_SIZE", "16"), ("MASTER_ADDR", "h")]);
+        assert_eq!(Cluster::ranks(&launch(None, None, None), &both), Ok((5, 16)));
+        assert_eq!(first_host("n1,n2").as_deref(), Some("n1"));
+        assert_eq!(first_host("node[001-004]").as_deref(), Some("node001"));
+    }
+
+    #[test]
+    fn contradictions_and_bad_values_name_both_sides() {
+        let err = |l: Launch<'_>, e: &[(&str, &str)]| Cluster::from_launch(&l, &env(e)).unwrap_err();
         assert_eq!(
-            Cluster::from_flags(0, 1, Some("nonsense"), None, T),
-            Ok(None)
+            err(launch(None, Some(2), Some("h:1")), &[("WORLD_SIZE", "4"), ("RANK", "0")]),
+            "--world 2 contradicts WORLD_SIZE=4 in the environment"
         );
-        let err = |r, w, o, n| Cluster::from_flags(r, w, o, n, T).unwrap_err();
         assert_eq!(
-            err(2, 2, None, None),
+            err(launch(Some(2), Some(2), Some("h:1")), &[]),
             "--rank 2 must be below --world 2 (ranks are 0..1)"
         );
-        assert_eq!(err(0, 0, None, None), "--world must be at least 1");
-        assert!(err(0, 2, None, Some("ws://h:1")).starts_with("--world 2 needs --orchestrator"));
-        assert!(err(0, 2, Some("ws://h:1"), None).starts_with("--world 2 needs --node-address"));
         assert_eq!(
-            err(0, 2, Some("http://h:1"), Some("ws://h:2")),
-            "--orchestrator `http://h:1`: not a ws:// address; expected ws://HOST:PORT"
+            err(launch(None, None, None), &[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]),
+            "RANK=2 must be below WORLD_SIZE=2 (ranks are 0..1)"
         );
+        assert_eq!(err(launch(None, None, None), &[("RANK", "x")]), "RANK=`x` is not a number");
+        assert!(err(launch(Some(0), Some(2), None), &[]).starts_with("a run of 2 processes needs rank 0's address"));
         assert_eq!(
-            err(0, 2, Some("ws://h:1"), Some("ws://h:99999")),
-            "--node-address `ws://h:99999`: `99999` is not a port (1..65535); expected ws://HOST:PORT"
+            err(launch(Some(0), Some(2), Some("a:1")), &[("MASTER_ADDR", "b"), ("MASTER_PORT", "1")]),
+            "--master a:1 contradicts MASTER_ADDR and MASTER_PORT (b:1)"
         );
-        assert!(err(0, 2, Some("ws://:1"), Some("ws://h:2")).contains("no host"));
-        assert!(
-            Cluster::from_flags(0, 1, None, None, Duration::ZERO)
-                .unwrap_err()
-                .contains("--collective-timeout")
-        );
+        assert!(err(launch(Some(0), Some(2), Some("h:99999")), &[]).contains("`99999` is not a port"));
+        assert!(err(launch(Some(0), Some(2), Some(":1")), &[]).contains("no host"));
+        let zero = Launch { timeout: Duration::ZERO, ..launch(None, None, None) };
+        assert!(Cluster::from_launch(&zero, &env(&[])).unwrap_err().contains("--collective-timeout"));
     }
 }

@@ -145,12 +145,24 @@ pub fn default_run_dir(graph: &Graph, graph_file: Option<&Path>, rank: Option<us
     p
 }
 
-/// Runs the graph to its last step.
+/// Runs the graph to its last step (or to a SIGTERM), then lets the run's processes know how it
+/// ended ([`crate::placement::run_ended`]).
 pub fn run(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
+    let out = run_steps(graph, opts);
+    let failure = out.as_ref().err().map(|e| format!("{e:#}"));
+    crate::placement::run_ended(failure.as_deref());
+    out
+}
+
+fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     let devices = graph.devices.clone();
     let rank = opts.cluster.as_ref().map(|c| c.rank);
     let dir = match (&opts.out, opts.resume) {
-        (Some(p), true) => RunDir::open(p)?,
+        (Some(p), true) => {
+            let dir = RunDir::open(p)?;
+            dir.remove_leftovers()?;
+            dir
+        }
         (None, true) => anyhow::bail!("--resume needs the run directory"),
         (Some(p), false) => RunDir::create(p, opts.force)?,
         (None, false) => {

@@ -179,15 +179,16 @@ impl RunDir {
     /// incomplete ones before it (sizes checked against their manifests), then all but the
     /// newest `keep` of the rest. `latest` itself, complete by construction, is always kept.
     pub fn prune_checkpoints(&self, keep: usize, latest: u64) -> anyhow::Result<()> {
+        // Renamed out of the way first, so that a process killed mid-removal leaves a temporary
+        // directory (removed by the next prune or resume), never a half-removed checkpoint.
         let remove = |p: &Path| {
-            std::fs::remove_dir_all(p).with_context(|| format!("removing {}", p.display()))
+            let name = p.file_name().map_or_else(String::new, |n| n.to_string_lossy().to_string());
+            let doomed = p.with_file_name(format!("{TMP_PREFIX}removed-{name}"));
+            std::fs::rename(p, &doomed)
+                .and_then(|()| std::fs::remove_dir_all(&doomed))
+                .with_context(|| format!("removing {}", p.display()))
         };
-        for e in std::fs::read_dir(self.checkpoints()).into_iter().flatten() {
-            let e = e?;
-            if e.file_name().to_string_lossy().starts_with(TMP_PREFIX) && e.path().is_dir() {
-                remove(&e.path())?;
-            }
-        }
+        self.remove_leftovers()?;
         let mut kept = Vec::new();
         for (n, p) in self.list_checkpoints() {
             let complete = n == latest
@@ -200,6 +201,18 @@ impl RunDir {
         }
         for p in kept.iter().take(kept.len().saturating_sub(keep.max(1))) {
             remove(p)?;
+        }
+        Ok(())
+    }
+
+    /// Removes what interrupted checkpoint writes and removals left (temporary directories).
+    pub fn remove_leftovers(&self) -> anyhow::Result<()> {
+        for e in std::fs::read_dir(self.checkpoints()).into_iter().flatten() {
+            let e = e?;
+            if e.file_name().to_string_lossy().starts_with(TMP_PREFIX) && e.path().is_dir() {
+                std::fs::remove_dir_all(e.path())
+                    .with_context(|| format!("removing {}", e.path().display()))?;
+            }
         }
         Ok(())
     }

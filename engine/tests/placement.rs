@@ -366,14 +366,13 @@ fn kinds_see_their_replicas_over_devices_and_processes() {
 }
 
 fn cluster(rank: usize, world: usize) -> Option<Cluster> {
-    Cluster::from_flags(
-        rank,
-        world,
-        Some("ws://127.0.0.1:3000"),
-        Some("ws://127.0.0.1:3001"),
-        Duration::from_secs(5),
-    )
-    .unwrap()
+    let launch = flowrl_engine::Launch {
+        rank: Some(rank),
+        world: Some(world),
+        master: Some("127.0.0.1:3000"),
+        timeout: Duration::from_secs(5),
+    };
+    Cluster::from_launch(&launch, &|_| None).unwrap()
 }
 
 #[test]

@@ -14,9 +14,11 @@
 //! - [`resources`]: the `model` resource kind ([`resources::model`]; `value_head = true` makes a
 //!   value model, PPO's critic).
 //! - [`runtime`]: how nodes run: the burn [`backend`] of a device, the [`data_parallel`] replicas,
-//!   the binaries' [`allocator`] and their `orchestrator` command ([`orchestrator`]).
+//!   the collective operations between them ([`runtime::collective`]), the binaries'
+//!   [`allocator`].
 //! - [`train`]: what the model-running kinds share: [`train::sequences`] (response log-probs in
-//!   chunks), [`train::micro_batches`], optimizer parameters and the guarded step,
+//!   chunks), [`train::micro_batches`], optimizer parameters, the data-parallel step
+//!   ([`train::replicated`]),
 //!   [`train::optim`] (AdamW, clipping, schedules with PyTorch/verl semantics).
 
 pub mod kinds;
@@ -31,7 +33,7 @@ pub mod values;
 pub use kinds::reward::support as reward_support;
 pub use kinds::{rollout, validate};
 pub use resources::model as model_resource;
-pub use runtime::{allocator, backend, data_parallel, orchestrator};
+pub use runtime::{allocator, backend, data_parallel};
 pub use values::{
     AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, TokenValues,
 };
@@ -70,10 +72,10 @@ pub fn builtin_registry() -> Registry {
 /// The `main` of a plugin binary, for [`plugin_main!`] (or for a `main` of your own after
 /// [`global_allocator!`]): tells the allocator to keep freed memory, builds the built-in registry,
 /// lets `add` add the plugin's kinds, and runs the engine's CLI (`run`, `validate`, `graph`,
-/// `nodes`, `plot`, `orchestrator`) with the process arguments.
+/// `nodes`, `plot`, `plan`) with the process arguments.
 pub fn main_with_builtin_and(add: impl FnOnce(Registry) -> Registry) -> std::process::ExitCode {
     runtime::allocator::keep_freed_memory();
-    flowrl_engine::cli::main_with(add(builtin_registry()), orchestrator::run)
+    flowrl_engine::cli::main_with(add(builtin_registry()))
 }
 
 /// Declares flowrl's allocator (mimalloc, see [`allocator`]) as the binary's global allocator.

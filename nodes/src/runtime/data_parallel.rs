@@ -16,31 +16,32 @@
 //!
 //! Within a process the replicas meet in a [`LocalGroup`] (shared memory, sums in replica
 //! order, so every replica gets the same bits). Across processes one replica of each process
-//! (its first) carries the process's part to the others through burn-collective's global
-//! orchestrator (`flowrl orchestrator`), and shares the answer with its siblings. Every wait
+//! (its first) carries the process's part to rank 0 over TCP ([`TcpGroup`]: rendezvous at
+//! `Cluster::master`, sums in rank order) and shares the answer with its siblings. Every wait
 //! gives up after `Cluster::timeout` (10 min in one process): a replica that failed stops its
-//! siblings at once, and a process that died or never joined stops the others with an error
-//! naming the wait, not a hang.
+//! siblings at once; a process that fails tells the others why, and one that dies or stops
+//! answering (no heartbeat for 30 s) is named by the others, which stop at once, inside a
+//! collective or not.
 //!
 //! With one replica in all (the default), no collective is set up and the work runs inline.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use burn::prelude::*;
-use burn::tensor::TensorPrimitive;
-use burn_collective::{CollectiveConfig, PeerId, ReduceOperation};
 use flowrl_engine::{Cluster, DeviceSpec, Placement};
 
-use crate::runtime::backend::{BackendKind, HostBackend};
+use crate::runtime::backend::BackendKind;
 use crate::runtime::collective::local::{Aborted, Deposit, LocalGroup, sum_in_order};
+use crate::runtime::collective::tcp::{JoinConfig, TcpGroup};
 
 /// How long replicas of one process wait for each other when no cluster timeout is given.
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A process from which nothing (not even a heartbeat) arrived for this long is declared stopped.
+const LIVENESS: Duration = Duration::from_secs(30);
 
 /// The replicas of one node in this process, and the run's other processes.
 #[derive(Clone, Debug)]
@@ -66,9 +67,8 @@ pub struct Replica<'a> {
     /// Replicas of this process, and the global index of its first.
     local: usize,
     first: usize,
-    /// The run's processes, when there are several.
-    cluster: Option<&'a Cluster>,
-    timeout: Duration,
+    /// The run's processes, when there are several, and this process's link to them.
+    cluster: Option<(&'a Cluster, &'a TcpGroup)>,
     abort: &'a AtomicBool,
     node: &'a str,
     /// Collective calls made so far by this replica in this operation.
@@ -129,7 +129,7 @@ impl Replicas {
         let p = &self.placement;
         let timeout = timeout_of(p);
         if world == 1 {
-            let r = Replica::new(p, 0, None, timeout, &abort, &self.node);
+            let r = Replica::new(p, 0, None, None, &abort, &self.node);
             return Ok(vec![work(&r)?]);
         }
         let session = match &p.cluster {
@@ -142,8 +142,9 @@ impl Replicas {
                 .map(|i| {
                     let (abort, work, group) = (&abort, &work, &group);
                     let node = self.node.as_str();
+                    let link = session.as_ref().map(|s| s.group());
                     s.spawn(move || {
-                        let r = Replica::new(p, i, Some(group), timeout, abort, node);
+                        let r = Replica::new(p, i, Some(group), link, abort, node);
                         let out = work(&r);
                         if out.is_err() {
                             abort.store(true, Ordering::SeqCst);
@@ -181,7 +182,7 @@ impl Replicas {
             None => Ok(out),
             Some(e) => {
                 if let Some(s) = session {
-                    s.poison();
+                    s.abort(&format!("{e:#}"));
                 }
                 Err(e)
             }
@@ -204,7 +205,7 @@ impl<'a> Replica<'a> {
         p: &'a Placement,
         local_index: usize,
         group: Option<&'a LocalGroup>,
-        timeout: Duration,
+        link: Option<&'a TcpGroup>,
         abort: &'a AtomicBool,
         node: &'a str,
     ) -> Self {
@@ -216,8 +217,7 @@ impl<'a> Replica<'a> {
             group,
             local: p.local_replicas(),
             first: p.first_replica(),
-            cluster: p.cluster.as_ref(),
-            timeout,
+            cluster: p.cluster.as_ref().zip(link),
             abort,
             node,
             calls: Default::default(),
@@ -257,7 +257,19 @@ impl<'a> Replica<'a> {
     }
 
     fn multi_process(&self) -> bool {
-        self.cluster.is_some_and(|c| c.world > 1)
+        self.cluster.is_some_and(|(c, _)| c.world > 1)
+    }
+
+    /// The link to the other processes, with the label of this replica's current operation.
+    fn link(&self, op: &str) -> (&TcpGroup, String) {
+        let (_, g) = self.cluster.expect("a multi-process run");
+        let label = format!("{op} #{} of node `{}`", self.calls.get(), self.node);
+        (g, label)
+    }
+
+    /// `counts` (one per global replica) summed per process.
+    fn per_process(&self, counts: &[usize]) -> Vec<usize> {
+        counts.chunks(self.local).map(|c| c.iter().sum()).collect()
     }
 
     /// The element-wise sum of `values` over all replicas (every replica passes the same length),
@@ -272,7 +284,10 @@ impl<'a> Replica<'a> {
             return Ok(local);
         }
         self.across("all-reduce across processes", || {
-            self.processes_sum(local)
+            let (g, label) = self.link("all-reduce");
+            let mut sum = local;
+            g.all_reduce_sum(&label, &mut sum)?;
+            Ok(sum)
         })
     }
 
@@ -288,13 +303,9 @@ impl<'a> Replica<'a> {
         if !self.multi_process() {
             return Ok(local);
         }
-        let total: usize = counts.iter().sum();
-        let before: usize = counts[..self.first].iter().sum();
         self.across("all-gather across processes", || {
-            // Zeros elsewhere: the sum over processes is the concatenation, exactly.
-            let mut m = vec![0.0f32; total];
-            m[before..before + local.len()].copy_from_slice(&local);
-            self.processes_sum(m)
+            let (g, label) = self.link("all-gather");
+            Ok(g.all_gather(&label, &local, &self.per_process(counts))?)
         })
     }
 
@@ -314,8 +325,17 @@ impl<'a> Replica<'a> {
         if self.world == 1 {
             return Ok(values);
         }
-        let sum = self.all_reduce_sum(values)?;
-        Ok(sum[mine].to_vec())
+        let local = sum_in_order(&self.exchange("reduce-scatter", values)?)?;
+        if !self.multi_process() {
+            return Ok(local[mine].to_vec());
+        }
+        // This process's segment (its replicas' segments in order), then this replica's.
+        let segment = self.across("reduce-scatter across processes", || {
+            let (g, label) = self.link("reduce-scatter");
+            Ok(g.reduce_scatter_sum(&label, &local, &self.per_process(counts))?)
+        })?;
+        let offset: usize = counts[self.first..self.index].iter().sum();
+        Ok(segment[offset..offset + counts[self.index]].to_vec())
     }
 
     /// `values` of replica `root` (global index), on every replica.
@@ -331,10 +351,10 @@ impl<'a> Replica<'a> {
             return Ok(here.expect("the root is local in a one-process run"));
         }
         self.across("broadcast across processes", || {
-            // The length first, then the values summed with zeros from the other processes.
-            let len = here.as_ref().map_or(0, Vec::len);
-            let len = self.processes_sum(vec![len as f32])?[0] as usize;
-            self.processes_sum(here.unwrap_or_else(|| vec![0.0; len]))
+            let (g, label) = self.link("broadcast");
+            let mut values = here.unwrap_or_default();
+            g.broadcast(&label, &mut values, root / self.local)?;
+            Ok(values)
         })
     }
 
@@ -380,92 +400,6 @@ impl<'a> Replica<'a> {
         }
         Ok(())
     }
-
-    /// The sum of `values` over the run's processes (this process's first replica only).
-    ///
-    /// Processes pair their calls by order. To catch a mismatch (processes running different
-    /// graphs or settings) instead of summing unrelated numbers, each call appends a label — an
-    /// integer below 2^16 derived from the node's name and the call's index — and checks that
-    /// the sum of the labels is `processes ×` its own (exact in f32).
-    fn processes_sum(&self, mut values: Vec<f32>) -> Result<Vec<f32>> {
-        let cluster = self.cluster.expect("a multi-process run");
-        let call = self.calls.get();
-        let label = (flowrl_engine::derive_seed(call, 0, self.node) % (1 << 16) + 1) as f32;
-        values.push(label);
-        let len = values.len();
-        let peer = PeerId(cluster.rank as u32);
-        let mut out = self.wait("all-reduce", move || {
-            let device = Default::default();
-            let t = Tensor::<HostBackend, 1>::from_data(TensorData::new(values, [len]), &device);
-            burn_collective::all_reduce::<HostBackend>(
-                peer,
-                t.into_primitive().tensor(),
-                ReduceOperation::Sum,
-            )
-            .map(|p| {
-                Tensor::<HostBackend, 1>::from_primitive(TensorPrimitive::Float(p))
-                    .into_data()
-                    .into_vec::<f32>()
-                    .unwrap_or_default()
-            })
-        })?;
-        ensure!(
-            out.len() == len,
-            "all-reduce returned {} values for {len}",
-            out.len()
-        );
-        let sum = out.pop().expect("label");
-        ensure!(
-            sum == label * cluster.world as f32,
-            "collective operations out of order: call {call} of node `{}` on process {} was \
-             summed with other operations (label sum {sum}, expected {}); every process of a run \
-             must run the same graph with the same settings",
-            self.node,
-            cluster.rank,
-            label * cluster.world as f32
-        );
-        Ok(out)
-    }
-
-    /// Runs a blocking collective call on a helper thread and waits for it at most the
-    /// timeout, polling the abort flag, so a missing peer never hangs the run.
-    fn wait<T: Send + 'static>(
-        &self,
-        what: &str,
-        call: impl FnOnce() -> std::result::Result<T, burn_collective::CollectiveError> + Send + 'static,
-    ) -> Result<T> {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(call());
-        });
-        let start = Instant::now();
-        loop {
-            match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => bail!(
-                    "collective {what} failed ({e:?}): the connection to another replica's \
-                     process broke (a process failed or exited; see its log)"
-                ),
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    bail!("collective {what}: the collective thread ended without an answer")
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-            }
-            if self.abort.load(Ordering::SeqCst) {
-                return Err(Aborted.into());
-            }
-            if start.elapsed() >= self.timeout {
-                bail!(
-                    "collective {what} timed out after {} s: replica {} of {} waited for the \
-                     others, and at least one did not take part (a process failed or exited, or \
-                     never joined; see its log)",
-                    self.timeout.as_secs(),
-                    self.index,
-                    self.world
-                );
-            }
-        }
-    }
 }
 
 /// The contiguous share of `total` items of replica `index` of `world`: the first
@@ -477,124 +411,94 @@ pub fn shard(total: usize, world: usize, index: usize) -> Range<usize> {
     start..start + base + usize::from(index < extra)
 }
 
-/// The process's registration with burn-collective's orchestrator (one peer: the process),
-/// kept from the first data-parallel step to the end of the process.
-struct Registration {
+/// This process's membership of the run's processes: joined at the first data-parallel operation
+/// that needs them, left when the run ends ([`flowrl_engine::on_run_end`]).
+struct Joined {
     cluster: Cluster,
-    /// Set after a failed operation: the connections between the processes are gone.
-    poisoned: bool,
+    group: Arc<TcpGroup>,
 }
 
-static SESSION: Mutex<Option<Registration>> = Mutex::new(None);
+static SESSION: Mutex<Option<Joined>> = Mutex::new(None);
 
-/// Exclusive use of the processes' collective for one data-parallel operation of this process
-/// (processes pair their operations by order, so two nodes must not interleave theirs).
+/// Exclusive use of the link to the other processes for one data-parallel operation of this
+/// process (processes pair their operations by order, so two nodes must not interleave theirs).
 struct CollectiveSession {
-    guard: MutexGuard<'static, Option<Registration>>,
+    guard: MutexGuard<'static, Option<Joined>>,
 }
 
 impl CollectiveSession {
     fn acquire(cluster: &Cluster) -> Result<Self> {
         let mut guard = SESSION.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_ref() {
-            Some(r) if r.poisoned => bail!(
-                "the collective between the run's processes failed earlier in this run (see the \
-                 first error); a multi-process run cannot continue without all its processes"
-            ),
-            Some(r) if r.cluster == *cluster => {}
-            Some(r) => bail!(
+            Some(j) if j.cluster != *cluster => bail!(
                 "this process joined the run as process {} of {}, not {} of {}",
-                r.cluster.rank,
-                r.cluster.world,
+                j.cluster.rank,
+                j.cluster.world,
                 cluster.rank,
                 cluster.world
             ),
+            Some(j) => {
+                if let Some(e) = j.group.failure() {
+                    bail!("the run's processes cannot go on: {e}");
+                }
+            }
             None => {
-                register(cluster).context("joining the processes of the run")?;
-                *guard = Some(Registration {
+                *guard = Some(Joined {
                     cluster: cluster.clone(),
-                    poisoned: false,
+                    group: Arc::new(join(cluster)?),
                 });
             }
         }
         Ok(CollectiveSession { guard })
     }
 
-    fn poison(mut self) {
-        if let Some(r) = self.guard.as_mut() {
-            r.poisoned = true;
-        }
+    fn group(&self) -> &TcpGroup {
+        &self.guard.as_ref().expect("joined").group
+    }
+
+    /// This process failed: the others stop, naming it and `reason`.
+    fn abort(self, reason: &str) {
+        self.group().abort(reason);
     }
 }
 
-/// Registers this process with the orchestrator; returns when every process has joined, or
-/// fails after the cluster's timeout.
-fn register(c: &Cluster) -> Result<()> {
-    quiet_network_layer();
-    let config = CollectiveConfig::default()
-        .with_num_devices(1)
-        .with_num_nodes(c.world as u32)
-        .with_global_address(c.orchestrator.parse().map_err(|e: String| anyhow!(e))?)
-        .with_node_address(c.node_address.parse().map_err(|e: String| anyhow!(e))?)
-        .with_data_service_port(c.data_port);
-    let peer = PeerId(c.rank as u32);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(burn_collective::register::<HostBackend>(
-            peer,
-            Default::default(),
-            config,
-        ));
-    });
-    let failed = match rx.recv_timeout(c.timeout) {
-        Ok(Ok(())) => return Ok(()),
-        Ok(Err(e)) => format!("registration failed ({e:?})"),
-        Err(_) => format!("not every process joined within {} s", c.timeout.as_secs()),
-    };
-    burn_collective::reset_collective::<HostBackend>();
-    bail!(
-        "{failed} (process {} of {}; orchestrator {}, this process at {})",
-        c.rank,
-        c.world,
-        c.orchestrator,
-        c.node_address
-    )
-}
-
-/// burn-communication installs an INFO-level log subscriber with its first server (one line per
-/// tensor download), and burn-collective's network tasks panic when a peer process closes its
-/// connection, which every process of a finished run does. Before the first server starts: a
-/// WARN-level subscriber on stderr, and a panic hook that reports a panic of those tasks in one
-/// line (the collective call waiting on it still fails with its own error or timeout).
-fn quiet_network_layer() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-            .with_writer(std::io::stderr)
-            .try_init();
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let message = info
-                .payload()
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| info.payload().downcast_ref::<&str>().copied())
-                .unwrap_or("");
-            // Only burn-collective's and burn-communication's runtime runs on these threads.
-            let network_task = std::thread::current().name() == Some("tokio-rt-worker");
-            if network_task {
-                eprintln!("note: a collective network task stopped: {message}");
-            } else {
-                previous(info);
+/// Joins the run's processes at rank 0 (`Cluster::master`). From then on a failure of another
+/// process ends this one at once (exit code 1, the message naming the process), whatever it is
+/// doing; when the run ends, this process leaves cleanly or, when its run failed, tells the
+/// others why.
+fn join(c: &Cluster) -> Result<TcpGroup> {
+    let group = TcpGroup::join(JoinConfig {
+        address: c.master.clone(),
+        rank: c.rank,
+        world: c.world,
+        fingerprint: c.fingerprint.clone(),
+        join_timeout: c.timeout,
+        op_timeout: c.timeout,
+        liveness: LIVENESS.min(c.timeout),
+    })
+    .map_err(|e| anyhow!("joining the run's {} processes as rank {}: {e}", c.world, c.rank))?;
+    group.on_failure(Box::new(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }));
+    flowrl_engine::on_run_end(Box::new(|failure: Option<&str>| {
+        let joined = SESSION.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(j) = joined {
+            match (failure, Arc::try_unwrap(j.group)) {
+                (Some(reason), Ok(g)) => g.abort(reason),
+                (Some(reason), Err(g)) => g.abort(reason),
+                (None, Ok(g)) => g.close(),
+                (None, Err(_)) => {}
             }
-        }));
-    });
+        }
+    }));
+    Ok(group)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn shards_cover_the_items_once_and_differ_by_at_most_one() {

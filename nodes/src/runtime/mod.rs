@@ -1,6 +1,6 @@
 //! How the nodes run: on which burn backend ([`backend`]), over how many replicas
-//! ([`data_parallel`]) and the collective operations between them ([`collective`]), and, for the binaries, with which memory allocator ([`allocator`]) and
-//! the coordinator of multi-process runs ([`orchestrator`]); what the devices hold and compute
+//! ([`data_parallel`]) and the collective operations between them ([`collective`]), and, for the
+//! binaries, with which memory allocator ([`allocator`]); what the devices hold and compute
 //! ([`machine`]).
 
 pub mod allocator;
@@ -8,4 +8,3 @@ pub mod backend;
 pub mod collective;
 pub mod data_parallel;
 pub mod machine;
-pub mod orchestrator;

@@ -39,7 +39,7 @@ pub(super) fn run(m: &mut Mapper, p: &Plan) {
             "verl's trainer.nnodes = {nnodes}: run one process per machine, each with these devices:"
         ));
         run.comment.push(format!(
-            "  flowrl orchestrator --port P; flowrl run GRAPH --rank R --world {nnodes} --orchestrator ws://HOST:P --node-address ws://HOST_R:PORT"
+            "  flowrl run GRAPH --rank R --world {nnodes} --master HOST0:29500 (or srun / torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
         ));
     }
     if let Some(out) = m.text("trainer.default_local_dir") {

@@ -1,3 +1,0 @@
-mod all_reduce;
-mod broadcast;
-mod reduce;
