@@ -39,14 +39,7 @@ fn help_explains_the_commands() {
     assert!(out.status.success());
     let h = text(&out.stdout);
     for cmd in [
-        "run",
-        "validate",
-        "graph",
-        "nodes",
-        "plot",
-        "data",
-        "generate",
-        "export",
+        "run", "validate", "graph", "nodes", "plot", "data", "generate", "export",
     ] {
         assert!(h.contains(&format!("\n  {cmd} ")), "{h}");
     }
@@ -67,7 +60,10 @@ fn help_explains_the_commands() {
     }
     assert!(h.contains("Several processes"), "{h}");
     // The long help walks through a multi-process launch.
-    assert!(h.contains("flowrl run g.toml --rank 1 --world 2 --master HOST0:29500"), "{h}");
+    assert!(
+        h.contains("flowrl run g.toml --rank 1 --world 2 --master HOST0:29500"),
+        "{h}"
+    );
     assert!(h.contains("torchrun") && h.contains("SLURM_PROCID"), "{h}");
     let h = text(&flowrl(&["validate", "--help"]).stdout);
     assert!(h.contains("--world") && h.contains("[run] devices"), "{h}");
@@ -412,7 +408,10 @@ fn cluster_flags_are_checked_before_anything_runs() {
             vec!["--rank", "2", "--world", "2"],
             "error: --rank 2 must be below --world 2 (ranks are 0..1)",
         ),
-        (vec!["--world", "0"], "error: --world 0: a run needs at least one process"),
+        (
+            vec!["--world", "0"],
+            "error: --world 0: a run needs at least one process",
+        ),
         (
             vec!["--world", "2"],
             "error: a run of 2 processes needs rank 0's address: --master HOST:PORT",

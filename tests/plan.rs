@@ -144,7 +144,10 @@ fn a_gpu_machine_is_planned_from_its_datasheet() {
     let sharded = plan("2");
     for d in ["cuda:0", "cuda:1"] {
         let saved = peak(&j, d) - peak(&sharded, d);
-        assert!((25e9..35e9).contains(&(saved as f64)), "{d}: stage 2 saves {saved} bytes");
+        assert!(
+            (25e9..35e9).contains(&(saved as f64)),
+            "{d}: stage 2 saves {saved} bytes"
+        );
     }
     // 7B full fine-tuning does not fit one 141 GB GPU (gpu_path.md §2.6).
     assert_eq!(j["devices"]["cuda:0"]["fits"], false);

@@ -213,7 +213,11 @@ fn a_sigterm_checkpoints_the_step_and_resumes_exactly() {
     };
     let full = dir.path().join("full");
     let out = flowrl(&args(&full).iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let want = metrics(&full);
 
     let stopped = dir.path().join("stopped");
@@ -234,14 +238,37 @@ fn a_sigterm_checkpoints_the_step_and_resumes_exactly() {
     assert!(term.success());
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let done = lines(&stopped);
     assert!((1..6).contains(&done), "stopped after {done} steps");
-    assert!(stdout.contains(&format!("stopped by SIGTERM after step {done} of 6")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("stopped by SIGTERM after step {done} of 6")),
+        "{stdout}"
+    );
     let ckpt = stopped.join(format!("checkpoints/step_{done:06}"));
-    assert_eq!(check_checkpoint(&ckpt, true), Integrity::Complete, "{}", ckpt.display());
+    assert_eq!(
+        check_checkpoint(&ckpt, true),
+        Integrity::Complete,
+        "{}",
+        ckpt.display()
+    );
 
-    let resumed = flowrl(&["run", "--resume", stopped.to_str().unwrap(), "--steps", STEPS]);
-    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let resumed = flowrl(&[
+        "run",
+        "--resume",
+        stopped.to_str().unwrap(),
+        "--steps",
+        STEPS,
+    ]);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
     assert_eq!(metrics(&stopped), want, "the resumed run's metrics");
 }

@@ -119,7 +119,11 @@ fn rank(rank: usize, port: u16, out: &Path, timeout: &str, steps: &str, torchrun
 fn after_a_step(out: &Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while std::fs::read_to_string(out.join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
-        assert!(Instant::now() < deadline, "{} never finished a step", out.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never finished a step",
+            out.display()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -161,15 +165,23 @@ fn a_process_whose_peer_never_joins_stops_with_an_error() {
     let waited = start.elapsed();
     let err = text(&out.stderr);
     assert!(!out.status.success(), "rank 0 alone succeeded:\n{err}");
-    assert!(waited < Duration::from_secs(60), "it took {waited:?} to give up");
-    assert!(err.contains("rank 1") && err.contains("did not join within 3 s"), "{err}");
+    assert!(
+        waited < Duration::from_secs(60),
+        "it took {waited:?} to give up"
+    );
+    assert!(
+        err.contains("rank 1") && err.contains("did not join within 3 s"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_rank_with_another_graph_is_refused_at_the_rendezvous() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let first = rank(0, port, &dir.path().join("rank0"), "20", "2", false).spawn().unwrap();
+    let first = rank(0, port, &dir.path().join("rank0"), "20", "2", false)
+        .spawn()
+        .unwrap();
     let mut other = rank(1, port, &dir.path().join("rank1"), "20", "2", false);
     other.args(["--set", "run.seed=5"]);
     let second = other.spawn().unwrap();
@@ -177,7 +189,10 @@ fn a_rank_with_another_graph_is_refused_at_the_rendezvous() {
         let out = c.wait_with_output().unwrap();
         let err = text(&out.stderr);
         assert!(!out.status.success(), "rank {r} ran:\n{err}");
-        assert!(err.contains("graph file and --set overrides"), "rank {r}: {err}");
+        assert!(
+            err.contains("graph file and --set overrides"),
+            "rank {r}: {err}"
+        );
     }
 }
 
@@ -205,8 +220,14 @@ fn a_process_that_dies_or_stalls_mid_run_stops_the_other_naming_it() {
         let outs: Vec<PathBuf> = (0..2)
             .map(|r| dir.path().join(format!("rank{r}")))
             .collect();
-        let survivor = rank(0, port, &outs[0], "600", "200", false).spawn().unwrap();
-        let victim = Killed(rank(1, port, &outs[1], "600", "200", false).spawn().unwrap());
+        let survivor = rank(0, port, &outs[0], "600", "200", false)
+            .spawn()
+            .unwrap();
+        let victim = Killed(
+            rank(1, port, &outs[1], "600", "200", false)
+                .spawn()
+                .unwrap(),
+        );
         after_a_step(&outs[1]);
         let sent = Command::new("kill")
             .args([&format!("-{signal}"), &victim.0.id().to_string()])
@@ -216,7 +237,10 @@ fn a_process_that_dies_or_stalls_mid_run_stops_the_other_naming_it() {
         let at = Instant::now();
         let out = survivor.wait_with_output().unwrap();
         let err = text(&out.stderr);
-        assert!(!out.status.success(), "SIG{signal}: rank 0 finished without its peer:\n{err}");
+        assert!(
+            !out.status.success(),
+            "SIG{signal}: rank 0 finished without its peer:\n{err}"
+        );
         assert!(
             at.elapsed() < Duration::from_secs(60),
             "SIG{signal}: rank 0 took {:?} to stop",

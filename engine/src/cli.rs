@@ -392,7 +392,12 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
 /// What every process of a run must agree on (checked at the rendezvous): the graph file's text
 /// with the overrides and steps, the number of devices per process (replica indices depend on
 /// it), and whether it resumes. The devices themselves may differ (`--device cuda:$LOCAL_RANK`).
-fn fingerprint(graph_file: &Path, a: &RunArgs, graph: &Graph, resume: bool) -> Vec<(String, String)> {
+fn fingerprint(
+    graph_file: &Path,
+    a: &RunArgs,
+    graph: &Graph,
+    resume: bool,
+) -> Vec<(String, String)> {
     let mut hash = crc32fast::Hasher::new();
     hash.update(&std::fs::read(graph_file).unwrap_or_default());
     for s in &a.input.set {
@@ -400,9 +405,15 @@ fn fingerprint(graph_file: &Path, a: &RunArgs, graph: &Graph, resume: bool) -> V
         hash.update(b"\n");
     }
     vec![
-        ("graph file and --set overrides (crc32)".into(), format!("{:08x}", hash.finalize())),
+        (
+            "graph file and --set overrides (crc32)".into(),
+            format!("{:08x}", hash.finalize()),
+        ),
         ("steps".into(), graph.run.steps.to_string()),
-        ("devices per process".into(), graph.devices.len().to_string()),
+        (
+            "devices per process".into(),
+            graph.devices.len().to_string(),
+        ),
         ("--resume".into(), resume.to_string()),
     ]
 }

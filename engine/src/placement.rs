@@ -161,11 +161,14 @@ impl Cluster {
                 })
                 .transpose()
         };
-        let agree = |flag: &str, given: Option<usize>, var: &str| -> Result<(Option<usize>, String), String> {
+        let agree = |flag: &str,
+                     given: Option<usize>,
+                     var: &str|
+         -> Result<(Option<usize>, String), String> {
             match (given, number(var)?) {
-                (Some(f), Some(e)) if f != e => {
-                    Err(format!("{flag} {f} contradicts {var}={e} in the environment"))
-                }
+                (Some(f), Some(e)) if f != e => Err(format!(
+                    "{flag} {f} contradicts {var}={e} in the environment"
+                )),
                 (Some(f), _) => Ok((Some(f), format!("{flag} {f}"))),
                 (None, Some(e)) => Ok((Some(e), format!("{var}={e}"))),
                 (None, None) => Ok((None, String::new())),
@@ -209,14 +212,21 @@ impl Cluster {
         }
         let port = env("MASTER_PORT");
         let from_env = match (env("MASTER_ADDR"), &port) {
-            (Some(host), Some(port)) => Some((format!("{host}:{port}"), "MASTER_ADDR and MASTER_PORT")),
+            (Some(host), Some(port)) => {
+                Some((format!("{host}:{port}"), "MASTER_ADDR and MASTER_PORT"))
+            }
             (Some(host), None) => Some((format!("{host}:{DEFAULT_MASTER_PORT}"), "MASTER_ADDR")),
             (None, _) => env("SLURM_JOB_NODELIST")
                 .or_else(|| env("SLURM_NODELIST"))
                 .and_then(|list| first_host(&list))
                 .map(|host| {
-                    let port = port.clone().unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string());
-                    (format!("{host}:{port}"), "the first host of SLURM_JOB_NODELIST")
+                    let port = port
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string());
+                    (
+                        format!("{host}:{port}"),
+                        "the first host of SLURM_JOB_NODELIST",
+                    )
                 }),
         };
         let master = match (launch.master, from_env) {
@@ -306,13 +316,20 @@ mod tests {
     }
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: Vec<(String, String)> =
-            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
     }
 
     fn launch(rank: Option<usize>, world: Option<usize>, master: Option<&str>) -> Launch<'_> {
-        Launch { rank, world, master, timeout: T }
+        Launch {
+            rank,
+            world,
+            master,
+            timeout: T,
+        }
     }
 
     #[test]
@@ -321,30 +338,61 @@ mod tests {
         let c = Cluster::from_launch(&launch(Some(1), Some(2), Some("10.0.0.1:3000")), &none)
             .unwrap()
             .unwrap();
-        assert_eq!((c.rank, c.world, c.master.as_str()), (1, 2, "10.0.0.1:3000"));
-        assert_eq!(Cluster::from_launch(&launch(None, None, None), &none), Ok(None));
-        let torchrun = env(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h0"), ("MASTER_PORT", "29400")]);
-        let c = Cluster::from_launch(&launch(None, None, None), &torchrun).unwrap().unwrap();
+        assert_eq!(
+            (c.rank, c.world, c.master.as_str()),
+            (1, 2, "10.0.0.1:3000")
+        );
+        assert_eq!(
+            Cluster::from_launch(&launch(None, None, None), &none),
+            Ok(None)
+        );
+        let torchrun = env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "h0"),
+            ("MASTER_PORT", "29400"),
+        ]);
+        let c = Cluster::from_launch(&launch(None, None, None), &torchrun)
+            .unwrap()
+            .unwrap();
         assert_eq!((c.rank, c.world, c.master.as_str()), (3, 4, "h0:29400"));
         let slurm = env(&[
             ("SLURM_PROCID", "1"),
             ("SLURM_NTASKS", "2"),
             ("SLURM_JOB_NODELIST", "gpu-a[07-09,12],gpu-b3"),
         ]);
-        let c = Cluster::from_launch(&launch(None, None, None), &slurm).unwrap().unwrap();
-        assert_eq!((c.rank, c.world, c.master.as_str()), (1, 2, "gpu-a07:29500"));
+        let c = Cluster::from_launch(&launch(None, None, None), &slurm)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.rank, c.world, c.master.as_str()),
+            (1, 2, "gpu-a07:29500")
+        );
         // torchrun inside a Slurm allocation numbers the processes itself.
-        let both = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("RANK", "5"), ("WORLD_SIZE", "16"), ("MASTER_ADDR", "h")]);
-        assert_eq!(Cluster::ranks(&launch(None, None, None), &both), Ok((5, 16)));
+        let both = env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("RANK", "5"),
+            ("WORLD_SIZE", "16"),
+            ("MASTER_ADDR", "h"),
+        ]);
+        assert_eq!(
+            Cluster::ranks(&launch(None, None, None), &both),
+            Ok((5, 16))
+        );
         assert_eq!(first_host("n1,n2").as_deref(), Some("n1"));
         assert_eq!(first_host("node[001-004]").as_deref(), Some("node001"));
     }
 
     #[test]
     fn contradictions_and_bad_values_name_both_sides() {
-        let err = |l: Launch<'_>, e: &[(&str, &str)]| Cluster::from_launch(&l, &env(e)).unwrap_err();
+        let err =
+            |l: Launch<'_>, e: &[(&str, &str)]| Cluster::from_launch(&l, &env(e)).unwrap_err();
         assert_eq!(
-            err(launch(None, Some(2), Some("h:1")), &[("WORLD_SIZE", "4"), ("RANK", "0")]),
+            err(
+                launch(None, Some(2), Some("h:1")),
+                &[("WORLD_SIZE", "4"), ("RANK", "0")]
+            ),
             "--world 2 contradicts WORLD_SIZE=4 in the environment"
         );
         assert_eq!(
@@ -352,18 +400,39 @@ mod tests {
             "--rank 2 must be below --world 2 (ranks are 0..1)"
         );
         assert_eq!(
-            err(launch(None, None, None), &[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]),
+            err(
+                launch(None, None, None),
+                &[("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]
+            ),
             "RANK=2 must be below WORLD_SIZE=2 (ranks are 0..1)"
         );
-        assert_eq!(err(launch(None, None, None), &[("RANK", "x")]), "RANK=`x` is not a number");
-        assert!(err(launch(Some(0), Some(2), None), &[]).starts_with("a run of 2 processes needs rank 0's address"));
         assert_eq!(
-            err(launch(Some(0), Some(2), Some("a:1")), &[("MASTER_ADDR", "b"), ("MASTER_PORT", "1")]),
+            err(launch(None, None, None), &[("RANK", "x")]),
+            "RANK=`x` is not a number"
+        );
+        assert!(
+            err(launch(Some(0), Some(2), None), &[])
+                .starts_with("a run of 2 processes needs rank 0's address")
+        );
+        assert_eq!(
+            err(
+                launch(Some(0), Some(2), Some("a:1")),
+                &[("MASTER_ADDR", "b"), ("MASTER_PORT", "1")]
+            ),
             "--master a:1 contradicts MASTER_ADDR and MASTER_PORT (b:1)"
         );
-        assert!(err(launch(Some(0), Some(2), Some("h:99999")), &[]).contains("`99999` is not a port"));
+        assert!(
+            err(launch(Some(0), Some(2), Some("h:99999")), &[]).contains("`99999` is not a port")
+        );
         assert!(err(launch(Some(0), Some(2), Some(":1")), &[]).contains("no host"));
-        let zero = Launch { timeout: Duration::ZERO, ..launch(None, None, None) };
-        assert!(Cluster::from_launch(&zero, &env(&[])).unwrap_err().contains("--collective-timeout"));
+        let zero = Launch {
+            timeout: Duration::ZERO,
+            ..launch(None, None, None)
+        };
+        assert!(
+            Cluster::from_launch(&zero, &env(&[]))
+                .unwrap_err()
+                .contains("--collective-timeout")
+        );
     }
 }

@@ -182,7 +182,9 @@ impl RunDir {
         // Renamed out of the way first, so that a process killed mid-removal leaves a temporary
         // directory (removed by the next prune or resume), never a half-removed checkpoint.
         let remove = |p: &Path| {
-            let name = p.file_name().map_or_else(String::new, |n| n.to_string_lossy().to_string());
+            let name = p
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().to_string());
             let doomed = p.with_file_name(format!("{TMP_PREFIX}removed-{name}"));
             std::fs::rename(p, &doomed)
                 .and_then(|()| std::fs::remove_dir_all(&doomed))

@@ -490,7 +490,11 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         };
     let world = ctx.replicas().max(1) as u64;
     let sharded = world > 1 && t.zero_stage > 0;
-    let held = if sharded { trained.div_ceil(world) } else { trained };
+    let held = if sharded {
+        trained.div_ceil(world)
+    } else {
+        trained
+    };
     f.resident(
         Item::new(
             format!(

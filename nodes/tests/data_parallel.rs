@@ -11,7 +11,10 @@ use flowrl_engine::DeviceSpec;
 
 /// The nodes of the test graph on `replicas` CPU replicas, the updates at `zero_stage`.
 fn build_zero(replicas: usize, zero_stage: u8) -> common::Built {
-    let graph = GRAPH.replace("lr = 1e-3\n", &format!("lr = 1e-3\nzero_stage = {zero_stage}\n"));
+    let graph = GRAPH.replace(
+        "lr = 1e-3\n",
+        &format!("lr = 1e-3\nzero_stage = {zero_stage}\n"),
+    );
     assert_eq!(graph.matches("zero_stage").count(), 2, "both update nodes");
     build_graph(
         &graph,
@@ -25,9 +28,17 @@ fn build_zero(replicas: usize, zero_stage: u8) -> common::Built {
 fn assert_copies_in_step(b: &common::Built, replicas: usize, what: &str) {
     let own = b.model_values();
     let copies = b.copies_values();
-    assert_eq!(copies.len(), replicas - 1, "{what}: one kept copy per other replica");
+    assert_eq!(
+        copies.len(),
+        replicas - 1,
+        "{what}: one kept copy per other replica"
+    );
     for (i, c) in copies.iter().enumerate() {
-        assert!(c == &own, "{what}: replica {}'s copy differs from the policy", i + 1);
+        assert!(
+            c == &own,
+            "{what}: replica {}'s copy differs from the policy",
+            i + 1
+        );
     }
 }
 
@@ -35,7 +46,14 @@ fn assert_copies_in_step(b: &common::Built, replicas: usize, what: &str) {
 fn replicas_in_one_process_match_one_device() {
     // Adam's steps are ≈ lr = 1e-3 per weight; reduction-order noise stays far below that.
     let mut three = build(3);
-    assert_same_steps(&mut build(1), &mut three, "3 replicas vs 1", 1e-4, 1e-3, 1e-4);
+    assert_same_steps(
+        &mut build(1),
+        &mut three,
+        "3 replicas vs 1",
+        1e-4,
+        1e-3,
+        1e-4,
+    );
     assert_copies_in_step(&three, 3, "stage 0");
 }
 
@@ -75,7 +93,10 @@ fn sharding_changes_the_memory_not_the_update() {
         }
     }
     let w = whole.model_values();
-    assert!(w == stage1.model_values(), "stage 1's weights differ from stage 0's");
+    assert!(
+        w == stage1.model_values(),
+        "stage 1's weights differ from stage 0's"
+    );
     let scale = w.iter().fold(0f32, |m, v| m.max(v.abs()));
     let worst = max_abs_diff(&w, &stage2.model_values());
     assert!(
@@ -85,7 +106,10 @@ fn sharding_changes_the_memory_not_the_update() {
     let full: usize = whole.optimizer_values()[0];
     // Stage 0: every replica holds all the moments; stages 1 and 2 about a third each.
     assert_eq!(whole.optimizer_values(), vec![full; 3]);
-    eprintln!("moment values per replica: stage 0 {:?}", whole.optimizer_values());
+    eprintln!(
+        "moment values per replica: stage 0 {:?}",
+        whole.optimizer_values()
+    );
     for (stage, b) in [(1, &stage1), (2, &stage2)] {
         let held = b.optimizer_values();
         eprintln!("moment values per replica: stage {stage} {held:?}");

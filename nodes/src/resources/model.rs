@@ -55,8 +55,8 @@ use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use crate::runtime::backend::{BackendKind, FlowBackend, default_precision_of, on_backend};
-use crate::sizing::PlannedModel;
 use crate::runtime::data_parallel::Replicas;
+use crate::sizing::PlannedModel;
 use crate::train::optim::AdamW;
 use crate::train::replicated::{Sharding, TrainCopy, copy_on, uses_primary, whole_optimizer};
 
@@ -130,7 +130,11 @@ impl<B: FlowBackend> ModelState<B> {
         &mut self,
         replicas: &Replicas,
         local: usize,
-    ) -> Result<(Model<B::InnerBackend>, Option<ValueHead<B::InnerBackend>>, B::Device)> {
+    ) -> Result<(
+        Model<B::InnerBackend>,
+        Option<ValueHead<B::InnerBackend>>,
+        B::Device,
+    )> {
         let device = B::device(replicas.devices()[local])?;
         let precision = self.precision;
         let version = self.version;
@@ -381,7 +385,14 @@ impl ModelResource {
         local: usize,
     ) -> Result<(Model<B::InnerBackend>, B::Device)> {
         let (model, _, device) = self.lock::<B>()?.inference_on(replicas, local)?;
-        Ok((if self.adapters_off { model.adapters_off() } else { model }, device))
+        Ok((
+            if self.adapters_off {
+                model.adapters_off()
+            } else {
+                model
+            },
+            device,
+        ))
     }
 
     /// [`ModelResource::value_model_inference`] on local replica `local` of `replicas`.
@@ -390,7 +401,11 @@ impl ModelResource {
         &self,
         replicas: &Replicas,
         local: usize,
-    ) -> Result<(Model<B::InnerBackend>, ValueHead<B::InnerBackend>, B::Device)> {
+    ) -> Result<(
+        Model<B::InnerBackend>,
+        ValueHead<B::InnerBackend>,
+        B::Device,
+    )> {
         let (model, head, device) = self.lock::<B>()?.inference_on(replicas, local)?;
         let head = head.ok_or_else(|| {
             anyhow!(

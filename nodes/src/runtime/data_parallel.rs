@@ -340,7 +340,11 @@ impl<'a> Replica<'a> {
 
     /// `values` of replica `root` (global index), on every replica.
     pub fn broadcast(&self, values: Vec<f32>, root: usize) -> Result<Vec<f32>> {
-        ensure!(root < self.world, "broadcast from replica {root} of {}", self.world);
+        ensure!(
+            root < self.world,
+            "broadcast from replica {root} of {}",
+            self.world
+        );
         if self.world == 1 {
             return Ok(values);
         }
@@ -476,7 +480,13 @@ fn join(c: &Cluster) -> Result<TcpGroup> {
         op_timeout: c.timeout,
         liveness: LIVENESS.min(c.timeout),
     })
-    .map_err(|e| anyhow!("joining the run's {} processes as rank {}: {e}", c.world, c.rank))?;
+    .map_err(|e| {
+        anyhow!(
+            "joining the run's {} processes as rank {}: {e}",
+            c.world,
+            c.rank
+        )
+    })?;
     group.on_failure(Box::new(|e| {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -120,7 +120,11 @@ pub fn replicated_step<B: FlowBackend, M: Trained<B>>(
 ) -> Result<(StepOutcome, Vec<f64>)> {
     let config = optim.adamw()?;
     let sharding = Sharding {
-        stage: if replicas.world() > 1 { optim.zero_stage } else { 0 },
+        stage: if replicas.world() > 1 {
+            optim.zero_stage
+        } else {
+            0
+        },
         world: replicas.world(),
         first: replicas.first(),
         local: replicas.local(),
@@ -136,11 +140,10 @@ pub fn replicated_step<B: FlowBackend, M: Trained<B>>(
         let module = M::of(&slot)?;
         let mine = &rows[shard(rows.len(), r.world, r.index)];
         let partial = compute(&module, mine)?;
-        let opt = slot
-            .optimizer
-            .get_or_insert_with(|| AdamW::new(config));
+        let opt = slot.optimizer.get_or_insert_with(|| AdamW::new(config));
         opt.config = config;
-        let (module, outcome, stats) = step_on_replica(r, module, opt, optim, sharding, lr, partial)?;
+        let (module, outcome, stats) =
+            step_on_replica(r, module, opt, optim, sharding, lr, partial)?;
         module.put(&mut slot);
         Ok((outcome, stats))
     });
@@ -210,9 +213,25 @@ fn step_on_replica<B: FlowBackend, M: Trained<B>>(
     let stage = sharding.stage;
     let grads = if stage == 2 {
         let offset = segments[..r.index].iter().sum();
-        unflatten(&module, &layout, &grads, offset, &own, &meta[..params], r.world)
+        unflatten(
+            &module,
+            &layout,
+            &grads,
+            offset,
+            &own,
+            &meta[..params],
+            r.world,
+        )
     } else {
-        unflatten(&module, &layout, &grads, 0, &vec![true; params], &meta[..params], r.world)
+        unflatten(
+            &module,
+            &layout,
+            &grads,
+            0,
+            &vec![true; params],
+            &meta[..params],
+            r.world,
+        )
     };
     let norm = |squares: f64| {
         Ok(if stage == 2 {
@@ -376,7 +395,10 @@ fn for_trainable<B: FlowBackend, M: Module<B>>(
             }
         }
     }
-    module.visit(&mut Visit { index: 0, f: &mut f });
+    module.visit(&mut Visit {
+        index: 0,
+        f: &mut f,
+    });
 }
 
 /// What [`for_trainable`] needs of a parameter whatever its rank.

@@ -279,13 +279,18 @@ impl CriticUpdateNode {
             for mini in rows.chunks(mini_rows) {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
                 let compute = |critic: &ValueModel<B>, mine: &[usize]| {
-                    self.mini_batch_grads(critic, precision, rollouts, values, adv, &info, mine, micro)
+                    self.mini_batch_grads(
+                        critic, precision, rollouts, values, adv, &info, mine, micro,
+                    )
                 };
                 let (outcome, stats) =
                     replicated_step(&self.replicas, &mut state, &self.p.optim, lr, mini, compute)
                         .with_context(|| format!("update `{}`", ctx.node_name()))?;
                 let [loss, clipfrac, vpred_mean, micro_batches] = stats[..] else {
-                    bail!("the critic's step returned {} statistics, not 4", stats.len());
+                    bail!(
+                        "the critic's step returned {} statistics, not 4",
+                        stats.len()
+                    );
                 };
                 sums.clipfrac += clipfrac;
                 sums.vpred_mean += vpred_mean;

@@ -87,10 +87,7 @@ use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::optim::LrSchedule;
 use crate::train::replicated::replicated_step;
 use crate::train::sequences::SequenceBatch;
-use crate::train::{
-    OptimParams, PartialStep, global_batch_info, rows_tensor,
-    scalar,
-};
+use crate::train::{OptimParams, PartialStep, global_batch_info, rows_tensor, scalar};
 use crate::values::{AdvantageBatch, ModelUpdate, RolloutBatch, TokenLogProbs, port_types};
 
 /// The `update.ppo` kind.
