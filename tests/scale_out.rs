@@ -2,7 +2,9 @@
 //! on two CPU replicas in one process, and as two processes on loopback launched as torchrun
 //! launches them, gives the metrics of the same run on one device. A process whose peer never
 //! joins stops within its collective timeout; one whose peer runs another graph is refused at the
-//! rendezvous; one whose peer dies or stops answering mid-run stops within 60 s, naming it.
+//! rendezvous; one whose peer dies or stops answering mid-run stops within 60 s, naming it. A
+//! SIGTERM to one process stops both after the same step, and they resume; a ZeRO run's rank 0
+//! checkpoint resumes in one process.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -197,13 +199,13 @@ fn a_rank_with_another_graph_is_refused_at_the_rendezvous() {
 }
 
 #[test]
-fn contradicting_launch_settings_are_a_usage_error() {
+fn contradicting_launch_settings_are_a_configuration_error() {
     let out = command(&["run", GRAPH, "--world", "2", "--master", "127.0.0.1:1"])
         .env("WORLD_SIZE", "4")
         .env("RANK", "0")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("--world 2 contradicts WORLD_SIZE=4"),
         "{}",
@@ -250,4 +252,168 @@ fn a_process_that_dies_or_stalls_mid_run_stops_the_other_naming_it() {
         assert!(!err.contains("stack backtrace"), "{err}");
         drop(victim);
     }
+}
+
+/// Process `rank` of two resuming the run in `out` (launched as torchrun launches it).
+fn resume_rank(rank: usize, port: u16, out: &Path, steps: &str) -> Command {
+    let mut c = command(&[
+        "run",
+        "--resume",
+        out.to_str().unwrap(),
+        "--steps",
+        steps,
+        "--collective-timeout",
+        "120",
+    ]);
+    c.env("RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn succeeded(r: usize, out: Output) -> String {
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "rank {r}:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    stdout
+}
+
+/// A SIGTERM to one process (a preemption) stops both after the same step, each with its
+/// checkpoint and exit code 0; resumed, they end with the metrics of the uninterrupted run.
+#[test]
+fn a_sigterm_to_one_process_stops_both_after_the_same_step_and_they_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("one");
+    run(&[
+        "run",
+        GRAPH,
+        "--steps",
+        "4",
+        "--out",
+        full.to_str().unwrap(),
+    ]);
+    let expected = metrics(&full);
+    let port = free_port();
+    let outs: Vec<PathBuf> = (0..2)
+        .map(|r| dir.path().join(format!("rank{r}")))
+        .collect();
+    let children: Vec<Child> = (0..2)
+        .map(|r| rank(r, port, &outs[r], "120", "4", true).spawn().unwrap())
+        .collect();
+    after_a_step(&outs[1]);
+    let term = Command::new("kill")
+        .args(["-TERM", &children[1].id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let mut stopped = Vec::new();
+    for (r, child) in children.into_iter().enumerate() {
+        let stdout = succeeded(r, child.wait_with_output().unwrap());
+        let done = std::fs::read_to_string(outs[r].join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .count();
+        assert!(
+            (1..4).contains(&done),
+            "rank {r} stopped after {done} steps"
+        );
+        assert!(
+            stdout.contains(&format!("stopped by SIGTERM after step {done} of 4")),
+            "rank {r}: {stdout}"
+        );
+        assert!(outs[r].join(format!("checkpoints/step_{done:06}")).is_dir());
+        stopped.push(done);
+    }
+    assert_eq!(
+        stopped[0], stopped[1],
+        "the ranks stopped after different steps"
+    );
+    let port = free_port();
+    let resumed: Vec<Child> = (0..2)
+        .map(|r| resume_rank(r, port, &outs[r], "4").spawn().unwrap())
+        .collect();
+    for (r, c) in resumed.into_iter().enumerate() {
+        succeeded(r, c.wait_with_output().unwrap());
+        assert_same_metrics(&expected, &metrics(&outs[r]), &format!("rank {r} resumed"));
+    }
+}
+
+/// The tensor names of a safetensors file.
+fn tensor_names(file: &Path) -> Vec<String> {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut names: Vec<String> = header
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect();
+    names.sort();
+    names
+}
+
+/// Two processes at ZeRO stage 1: rank 0's checkpoint holds the whole optimizer state (rank 1's
+/// only its own parameters'), and resumes in one process into the one-process run's metrics.
+#[test]
+fn a_sharded_two_process_checkpoint_resumes_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one");
+    let every = [
+        "--set",
+        "run.checkpoint_every=2",
+        "--set",
+        "run.keep_checkpoints=2",
+    ];
+    let stage = ["--set", "nodes.update.zero_stage=1"];
+    // After EXTRA's settings, which `command` adds.
+    let run_with_checkpoints = |args: &[&str]| {
+        succeeded(0, command(args).args(every).output().unwrap());
+    };
+    run_with_checkpoints(&["run", GRAPH, "--steps", "4", "--out", one.to_str().unwrap()]);
+    let expected = metrics(&one);
+    let port = free_port();
+    let outs: Vec<PathBuf> = (0..2)
+        .map(|r| dir.path().join(format!("rank{r}")))
+        .collect();
+    let children: Vec<Child> = (0..2)
+        .map(|r| {
+            let mut c = rank(r, port, &outs[r], "120", "2", true);
+            c.args(every).args(stage);
+            c.spawn().unwrap()
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        succeeded(r, c.wait_with_output().unwrap());
+    }
+    let state = |d: &Path| {
+        tensor_names(&d.join("checkpoints/step_000002/resources/policy/optimizer.safetensors"))
+    };
+    let (whole, zero, own) = (state(&one), state(&outs[0]), state(&outs[1]));
+    assert_eq!(
+        zero, whole,
+        "rank 0's checkpoint holds every parameter's moments"
+    );
+    assert!(
+        !own.is_empty() && own.len() < whole.len() && own.iter().all(|k| whole.contains(k)),
+        "rank 1 holds its own parameters' moments: {} of {}",
+        own.len(),
+        whole.len()
+    );
+    // Resumed in one process, from rank 0's directory.
+    run_with_checkpoints(&["run", "--resume", outs[0].to_str().unwrap(), "--steps", "4"]);
+    // (Steps 1 and 2 differ by the evaluation a run makes after its last step.)
+    assert_same_metrics(
+        &expected[2..],
+        &metrics(&outs[0])[2..],
+        "steps 3 and 4 resumed in one process",
+    );
 }

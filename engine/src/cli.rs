@@ -3,8 +3,8 @@
 //! A binary embeds these commands with `#[command(flatten)]` (see `src/main.rs`, which adds
 //! `flowrl data`) or runs them alone with [`main_with`] (plugin binaries, through flowrl-nodes).
 //! Exit codes:
-//! 0 success, 78 configuration error (sysexits' EX_CONFIG: the graph, an override or the device),
-//! 1 any other failure, 2 bad command-line usage (clap).
+//! 0 success, 78 configuration error (sysexits' EX_CONFIG: the graph, an override, the device, or
+//! launch settings that contradict each other), 1 any other failure, 2 bad command-line usage (clap).
 
 use crate::compile::{Override, Target, compile_for};
 use crate::device::{DeviceSpec, Machine, device_list};
@@ -312,16 +312,57 @@ fn load_for(
     }
 }
 
-/// Bad cluster flags are a usage error (exit code 2).
+/// A bad flag value is a usage error (exit code 2).
 fn usage_error(msg: String) -> ExitCode {
     eprintln!("error: {msg}");
     ExitCode::from(2)
 }
 
+/// Launch settings (flags, launcher variables, the graph's devices) that contradict each other
+/// are a configuration error (exit code 78).
+fn config_error(msg: String) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(EXIT_CONFIG)
+}
+
+/// The device a process with a local rank (torchrun's `LOCAL_RANK`, Slurm's `SLURM_LOCALID`)
+/// runs on: process L of a machine, one GPU each, takes the machine's GPU L — the graph's one GPU
+/// (`cuda`, `cuda:0`, `auto` on a GPU machine) counted from there, as torchrun's convention wants
+/// — unless `--device` names it, or `CUDA_VISIBLE_DEVICES` already gives the process one GPU (a
+/// launcher binding each task to its GPU). `Ok(None)`: the graph's devices stand. A graph that
+/// lists several devices per process, with local rank above 0, contradicts one process per GPU:
+/// an error naming both.
+fn local_device(
+    cluster: Option<&Cluster>,
+    devices: &[DeviceSpec],
+    device_flag: Option<&str>,
+    visible: Option<&str>,
+) -> Result<Option<String>, String> {
+    let Some((local, var)) = cluster.and_then(|c| c.local_rank) else {
+        return Ok(None);
+    };
+    let bound = visible.is_some_and(|v| v.split(',').filter(|s| !s.trim().is_empty()).count() == 1);
+    if local == 0 || device_flag.is_some() || bound {
+        return Ok(None);
+    }
+    match devices {
+        [DeviceSpec::Cpu(_)] => Ok(None),
+        [DeviceSpec::Cuda(n)] => Ok(Some(format!("cuda:{}", n + local))),
+        [DeviceSpec::Vulkan(n)] => Ok(Some(format!("vulkan:{}", n + local))),
+        several => Err(format!(
+            "{var}={local} contradicts the graph's [run] devices = [{}]: with one process per \
+             GPU each process names one device (the process of {var} L runs on the graph's GPU \
+             counted from L, or on --device); a graph that lists several devices runs one \
+             process per machine",
+            device_list(several)
+        )),
+    }
+}
+
 fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
     let cluster = match a.cluster.cluster() {
         Ok(c) => c,
-        Err(msg) => return Ok(usage_error(msg)),
+        Err(msg) => return Ok(config_error(msg)),
     };
     let world = cluster.as_ref().map_or(1, |c| c.world);
     let extra: Vec<Override> = a
@@ -337,10 +378,30 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
             false,
         ),
     };
-    let graph = match load(registry, &graph_file, &a.input, extra, world)? {
+    let mut graph = match load(registry, &graph_file, &a.input, extra.clone(), world)? {
         Ok(g) => g,
         Err(code) => return Ok(code),
     };
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    match local_device(
+        cluster.as_ref(),
+        &graph.devices,
+        a.input.device.as_deref(),
+        visible.as_deref(),
+    ) {
+        Ok(None) => {}
+        Ok(Some(device)) => {
+            let input = GraphInput {
+                device: Some(device),
+                ..a.input.clone()
+            };
+            graph = match load(registry, &graph_file, &input, extra, world)? {
+                Ok(g) => g,
+                Err(code) => return Ok(code),
+            };
+        }
+        Err(msg) => return Ok(config_error(msg)),
+    }
     let plan = machine_plan(&graph, registry, None);
     if let Some(code) = refuse_overflow(&plan, a.force) {
         return Ok(code);
@@ -421,7 +482,7 @@ fn fingerprint(
 fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
     let world = match a.cluster.world_to_validate() {
         Ok(w) => w,
-        Err(msg) => return Ok(usage_error(msg)),
+        Err(msg) => return Ok(config_error(msg)),
     };
     let graph = match load(registry, &a.graph, &a.input, Vec::new(), world)? {
         Ok(g) => g,
@@ -461,7 +522,7 @@ fn cmd_validate(a: &ValidateArgs, registry: &Registry) -> anyhow::Result<ExitCod
 fn cmd_plan(a: &PlanArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
     let world = match a.cluster.world_to_validate() {
         Ok(w) => w,
-        Err(msg) => return Ok(usage_error(msg)),
+        Err(msg) => return Ok(config_error(msg)),
     };
     let gpu = match &a.gpu {
         None => None,
@@ -786,5 +847,69 @@ fn dash(doc: &str) -> String {
         String::new()
     } else {
         format!(" — {doc}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(local: Option<usize>) -> Cluster {
+        Cluster {
+            rank: 3,
+            world: 4,
+            master: "h:1".into(),
+            timeout: Duration::from_secs(1),
+            fingerprint: Vec::new(),
+            local_rank: local.map(|l| (l, "LOCAL_RANK")),
+        }
+    }
+
+    #[test]
+    fn the_local_rank_picks_the_processs_gpu() {
+        let one = [DeviceSpec::Cuda(0)];
+        let c = cluster(Some(3));
+        assert_eq!(
+            local_device(Some(&c), &one, None, None),
+            Ok(Some("cuda:3".into()))
+        );
+        let vk = [DeviceSpec::Vulkan(1)];
+        assert_eq!(
+            local_device(Some(&c), &vk, None, None),
+            Ok(Some("vulkan:4".into()))
+        );
+        // The devices stand: CPU replicas, local rank 0 or none, --device, a bound GPU.
+        assert_eq!(
+            local_device(Some(&c), &[DeviceSpec::Cpu(0)], None, None),
+            Ok(None)
+        );
+        assert_eq!(
+            local_device(Some(&cluster(Some(0))), &one, None, None),
+            Ok(None)
+        );
+        assert_eq!(
+            local_device(Some(&cluster(None)), &one, None, None),
+            Ok(None)
+        );
+        assert_eq!(local_device(None, &one, None, None), Ok(None));
+        assert_eq!(local_device(Some(&c), &one, Some("cuda:1"), None), Ok(None));
+        assert_eq!(local_device(Some(&c), &one, None, Some("5")), Ok(None));
+        assert_eq!(
+            local_device(Some(&c), &one, None, Some("0,1,2,3")),
+            Ok(Some("cuda:3".into()))
+        );
+        let err = local_device(
+            Some(&c),
+            &[DeviceSpec::Cuda(0), DeviceSpec::Cuda(1)],
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with(
+                "LOCAL_RANK=3 contradicts the graph's [run] devices = [cuda:0, cuda:1]"
+            ),
+            "{err}"
+        );
     }
 }

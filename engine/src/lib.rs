@@ -38,7 +38,7 @@ pub use flowrl_derive::{ParamChoice, Params};
 pub use graph::{Graph, RunConfig};
 pub use node::{Capability, Node, NodeKind, NodeTable, NodeView, ResourceView, ValidateCtx};
 pub use params::{ChoiceError, ParamChoice, ParamField, ParamSchema, ParamSpec, ParamType, Params};
-pub use placement::{Cluster, Launch, Placement, on_run_end, run_ended};
+pub use placement::{Cluster, Launch, Placement, on_run_end, on_stop_vote, run_ended, stop_voted};
 pub use plan::{Footprint, Item, Place, PlanCtx, ResourcePlan};
 pub use port::{Port, PortName, PortSpec, PortType, ValueType};
 pub use registry::{NodeKindRegistration, Registry, ResourceKindRegistration};

@@ -82,6 +82,9 @@ pub struct Cluster {
     /// What every process must agree on, as (name, value) pairs; rank 0 refuses a process whose
     /// list differs, naming the difference.
     pub fingerprint: Vec<(String, String)>,
+    /// This process's index among the run's processes on its machine (torchrun's `LOCAL_RANK`,
+    /// Slurm's `SLURM_LOCALID`), with the variable that said it; `None` when neither is set.
+    pub local_rank: Option<(usize, &'static str)>,
 }
 
 /// What runs when this process's run ends (see [`on_run_end`]).
@@ -97,9 +100,33 @@ pub fn on_run_end(f: RunEnd) {
 
 /// Runs (and forgets) what [`on_run_end`] registered; `failure` is the run's error, if any.
 pub fn run_ended(failure: Option<&str>) {
+    STOP_VOTE.lock().unwrap_or_else(|e| e.into_inner()).take();
     let ends = std::mem::take(&mut *RUN_END.lock().unwrap_or_else(|e| e.into_inner()));
     for f in ends {
         f(failure);
+    }
+}
+
+/// How the processes of a run agree, at a step boundary, on whether to stop: given the step just
+/// finished and whether this process was asked to (a SIGTERM), true when any process was.
+type StopVote = Box<dyn Fn(u64, bool) -> anyhow::Result<bool> + Send>;
+
+static STOP_VOTE: std::sync::Mutex<Option<StopVote>> = std::sync::Mutex::new(None);
+
+/// Registers how this process's run takes [`stop_voted`]'s vote: what the crate that joined the
+/// run's processes does, so that a SIGTERM to any process stops every process after the same
+/// step. Replaced by the next registration; forgotten when the run ends ([`run_ended`]).
+pub fn on_stop_vote(f: StopVote) {
+    *STOP_VOTE.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+}
+
+/// Whether the run stops after `step`: `asked` (this process got a SIGTERM), or-ed over the
+/// run's processes when they have joined ([`on_stop_vote`]); `asked` alone otherwise. Every
+/// process of a joined run calls it after every step, so that the vote pairs up.
+pub fn stop_voted(step: u64, asked: bool) -> anyhow::Result<bool> {
+    match STOP_VOTE.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        Some(vote) => vote(step, asked),
+        None => Ok(asked),
     }
 }
 
@@ -243,13 +270,42 @@ impl Cluster {
             }
         };
         host_port(&master)?;
+        let local_rank = Self::local_rank(env, rank)?;
         Ok(Some(Cluster {
             rank,
             world,
             master,
             timeout: launch.timeout,
             fingerprint: Vec::new(),
+            local_rank,
         }))
+    }
+
+    /// The process's index on its machine: torchrun's `LOCAL_RANK`, else Slurm's
+    /// `SLURM_LOCALID`; above the process's rank it contradicts it (an error naming both).
+    fn local_rank(
+        env: &dyn Fn(&str) -> Option<String>,
+        rank: usize,
+    ) -> Result<Option<(usize, &'static str)>, String> {
+        let var = if env("LOCAL_RANK").is_some() {
+            "LOCAL_RANK"
+        } else if env("SLURM_LOCALID").is_some() {
+            "SLURM_LOCALID"
+        } else {
+            return Ok(None);
+        };
+        let v = env(var).unwrap_or_default();
+        let local = v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{var}=`{v}` is not a number"))?;
+        if local > rank {
+            return Err(format!(
+                "{var}={local} contradicts rank {rank}: a process's index on its machine is at \
+                 most its rank"
+            ));
+        }
+        Ok(Some((local, var)))
     }
 }
 
@@ -346,9 +402,11 @@ mod tests {
             Cluster::from_launch(&launch(None, None, None), &none),
             Ok(None)
         );
+        assert_eq!(c.local_rank, None);
         let torchrun = env(&[
             ("RANK", "3"),
             ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
             ("MASTER_ADDR", "h0"),
             ("MASTER_PORT", "29400"),
         ]);
@@ -356,9 +414,11 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((c.rank, c.world, c.master.as_str()), (3, 4, "h0:29400"));
+        assert_eq!(c.local_rank, Some((1, "LOCAL_RANK")));
         let slurm = env(&[
             ("SLURM_PROCID", "1"),
             ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "1"),
             ("SLURM_JOB_NODELIST", "gpu-a[07-09,12],gpu-b3"),
         ]);
         let c = Cluster::from_launch(&launch(None, None, None), &slurm)
@@ -368,6 +428,7 @@ mod tests {
             (c.rank, c.world, c.master.as_str()),
             (1, 2, "gpu-a07:29500")
         );
+        assert_eq!(c.local_rank, Some((1, "SLURM_LOCALID")));
         // torchrun inside a Slurm allocation numbers the processes itself.
         let both = env(&[
             ("SLURM_PROCID", "0"),
@@ -425,6 +486,13 @@ mod tests {
             err(launch(Some(0), Some(2), Some("h:99999")), &[]).contains("`99999` is not a port")
         );
         assert!(err(launch(Some(0), Some(2), Some(":1")), &[]).contains("no host"));
+        assert_eq!(
+            err(
+                launch(Some(1), Some(4), Some("h:1")),
+                &[("LOCAL_RANK", "2")]
+            ),
+            "LOCAL_RANK=2 contradicts rank 1: a process's index on its machine is at most its rank"
+        );
         let zero = Launch {
             timeout: Duration::ZERO,
             ..launch(None, None, None)

@@ -6,7 +6,9 @@
 //! every random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
 //! A run killed before its first checkpoint resumes from step 1. SIGTERM (how clusters preempt
 //! a job) stops the run at the next step boundary with a checkpoint of that step, whatever
-//! `checkpoint_every` says, and the process exits 0; `--resume` continues it.
+//! `checkpoint_every` says, and the process exits 0; `--resume` continues it. The processes of
+//! a multi-process run vote after every step ([`crate::placement::stop_voted`]): a SIGTERM to any
+//! of them stops all after the same step.
 
 use crate::device::{DeviceSpec, device_list};
 use crate::graph::Graph;
@@ -267,14 +269,22 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         }
         metrics.write(step + 1, &report.metrics)?;
         progress.step_done(&report);
-        let stop = preempted.load(Ordering::SeqCst) && step + 1 < total;
+        // Every process of a multi-process run votes after every step, so that a SIGTERM to
+        // any of them stops all after the same step.
+        let asked = preempted.load(Ordering::SeqCst);
+        let stop = crate::placement::stop_voted(step + 1, asked)? && step + 1 < total;
         if stop || (every > 0 && ((step + 1) % every == 0 || step + 1 == total)) {
             session.save_checkpoint(&dir.checkpoint(step + 1), step + 1)?;
             dir.prune_checkpoints(keep, step + 1)?;
         }
         if stop {
+            let whose = if asked {
+                "SIGTERM"
+            } else {
+                "SIGTERM to another process of the run"
+            };
             progress.message(&format!(
-                "SIGTERM: stopped after step {}/{total} with its checkpoint; continue with \
+                "{whose}: stopped after step {}/{total} with its checkpoint; continue with \
                  `flowrl run --resume {}`",
                 step + 1,
                 dir.path.display()

@@ -58,7 +58,7 @@ use crate::runtime::backend::{BackendKind, FlowBackend, default_precision_of, on
 use crate::runtime::data_parallel::Replicas;
 use crate::sizing::PlannedModel;
 use crate::train::optim::AdamW;
-use crate::train::replicated::{Sharding, TrainCopy, copy_on, uses_primary, whole_optimizer};
+use crate::train::replicated::{Sharding, TrainCopy, checkpoint_optimizer, copy_on, uses_primary};
 
 /// Counters of the optimizer steps applied to a model (saved with checkpoints).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -520,7 +520,8 @@ impl ModelResource {
             if let Some(head) = &s.value_head {
                 head.save(&dir.join("model").join(VALUE_HEAD_FILE))?;
             }
-            if let Some(opt) = whole_optimizer(&s) {
+            let label = format!("model `{}`", self.name);
+            if let Some(opt) = checkpoint_optimizer(&s, &label)? {
                 opt.save(&dir.join("optimizer.safetensors"))?;
             }
             std::fs::write(

@@ -466,10 +466,28 @@ impl CollectiveSession {
     }
 }
 
+/// Outside the nodes' operations (a checkpoint, which every process writes after the same
+/// step): the processes' `mine` concatenated in rank order (`counts`: one per process), at rank 0
+/// (`Some`), `None` on the others. `label` names the operation in a mismatch.
+pub fn gather_to_rank_zero(
+    label: &str,
+    mine: &[f32],
+    counts: &[usize],
+) -> Result<Option<Vec<f32>>> {
+    let joined = SESSION.lock().unwrap_or_else(|e| e.into_inner());
+    let j = joined
+        .as_ref()
+        .context("gathering at rank 0 before this process joined the run's processes")?;
+    j.group
+        .gather_to_root(label, mine, counts)
+        .map_err(|e| anyhow!("{e}"))
+}
+
 /// Joins the run's processes at rank 0 (`Cluster::master`). From then on a failure of another
 /// process ends this one at once (exit code 1, the message naming the process), whatever it is
-/// doing; when the run ends, this process leaves cleanly or, when its run failed, tells the
-/// others why.
+/// doing; the processes vote after every step on whether one of them was asked to stop
+/// ([`flowrl_engine::stop_voted`]); when the run ends, this process leaves cleanly or, when its
+/// run failed, tells the others why.
 fn join(c: &Cluster) -> Result<TcpGroup> {
     let group = TcpGroup::join(JoinConfig {
         address: c.master.clone(),
@@ -490,6 +508,19 @@ fn join(c: &Cluster) -> Result<TcpGroup> {
     group.on_failure(Box::new(|e| {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }));
+    // After every step the processes or their SIGTERM flags together: a preempted process
+    // stops every process after the same step, each with its checkpoint.
+    flowrl_engine::on_stop_vote(Box::new(|step, asked| {
+        let joined = SESSION.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(j) = joined.as_ref() else {
+            return Ok(asked);
+        };
+        let mut vote = [if asked { 1.0 } else { 0.0 }];
+        j.group
+            .all_reduce_sum(&format!("stop vote after step {step}"), &mut vote)
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(vote[0] > 0.0)
     }));
     flowrl_engine::on_run_end(Box::new(|failure: Option<&str>| {
         let joined = SESSION.lock().unwrap_or_else(|e| e.into_inner()).take();

@@ -28,7 +28,8 @@
 //! loss or the norm not finite) is skipped on every replica, since both are known everywhere.
 //!
 //! The moments move between replicas only when the sharding changes (the first step, a resume,
-//! another stage or device count): they are put together and handed out again by owner.
+//! another stage or device count): they are put together and handed out again by owner. A
+//! checkpoint holds them all ([`checkpoint_optimizer`]; of a multi-process run: rank 0's).
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -42,7 +43,7 @@ use flowrl_models::value_head::{ValueHead, ValueModel};
 
 use crate::resources::model::ModelState;
 use crate::runtime::backend::{FlowBackend, device_of};
-use crate::runtime::data_parallel::{Replica, Replicas, shard};
+use crate::runtime::data_parallel::{Replica, Replicas, gather_to_rank_zero, shard};
 use crate::train::optim::{AdamW, grad_sum_squares, scale_grads};
 use crate::train::{OptimParams, PartialStep, StepOutcome, drop_vision_grads};
 
@@ -774,8 +775,89 @@ fn distribute<B: FlowBackend>(
     Ok(())
 }
 
-/// The model's whole optimizer state: the resource's own and its copies' moments put together
-/// (for a checkpoint).
+/// The optimizer state a checkpoint of this process holds: the resource's own and its copies'
+/// moments put together ([`whole_optimizer`]); when the moments are sharded over processes
+/// (stages 1 and 2 of a multi-process run), rank 0's also holds every other process's, gathered
+/// (2 + 2n values per parameter of n values, from its owner: a presence flag, the step count and
+/// the two moments), so that rank 0's checkpoint resumes on any number of devices and processes.
+/// The other ranks' hold their own parameters' moments. `label` names the model.
+pub fn checkpoint_optimizer<B: FlowBackend>(
+    state: &ModelState<B>,
+    label: &str,
+) -> Result<Option<AdamW<B>>> {
+    let local = whole_optimizer(state);
+    let Some(sh) = state.sharding.filter(|s| s.stage > 0 && s.world > s.local) else {
+        return Ok(local);
+    };
+    let layout = match &state.value_head {
+        Some(head) => Layout::of(&ValueModel {
+            model: state.model.clone(),
+            head: head.clone(),
+        }),
+        None => Layout::of(&state.model),
+    };
+    let process_of: Vec<usize> = owners(&layout.numels, sh.world)
+        .into_iter()
+        .map(|o| o / sh.local)
+        .collect();
+    let (processes, me) = (sh.world / sh.local, sh.first / sh.local);
+    let mut counts = vec![0; processes];
+    for (&n, &p) in layout.numels.iter().zip(&process_of) {
+        counts[p] += 2 + 2 * n;
+    }
+    let mut mine = Vec::with_capacity(counts[me]);
+    for ((path, &n), _) in layout
+        .paths
+        .iter()
+        .zip(&layout.numels)
+        .zip(&process_of)
+        .filter(|(_, p)| **p == me)
+    {
+        match local.as_ref().and_then(|o| o.moments_of(path)) {
+            Some((step, exp_avg, exp_avg_sq)) => {
+                ensure!(
+                    step < 1 << 24,
+                    "{label}: step count {step} of `{path}` does not travel exactly as f32"
+                );
+                mine.extend([1.0, step as f32]);
+                mine.extend(exp_avg);
+                mine.extend(exp_avg_sq);
+            }
+            None => mine.resize(mine.len() + 2 + 2 * n, 0.0),
+        }
+    }
+    let gathered = gather_to_rank_zero(&format!("optimizer state of {label}"), &mine, &counts)?;
+    let Some(all) = gathered else {
+        return Ok(local);
+    };
+    let mut whole = local.unwrap_or_else(|| AdamW::new(Default::default()));
+    let mut at = 0;
+    for p in 0..processes {
+        for ((path, &n), _) in layout
+            .paths
+            .iter()
+            .zip(&layout.numels)
+            .zip(&process_of)
+            .filter(|(_, q)| **q == p)
+        {
+            let record = &all[at..at + 2 + 2 * n];
+            at += 2 + 2 * n;
+            if p == me || record[0] == 0.0 {
+                continue;
+            }
+            let moments = (
+                record[1] as u64,
+                record[2..2 + n].to_vec(),
+                record[2 + n..].to_vec(),
+            );
+            whole.set_moments(path.clone(), moments, &state.device);
+        }
+    }
+    Ok(Some(whole))
+}
+
+/// The model's whole optimizer state in this process: the resource's own and its copies'
+/// moments put together.
 pub fn whole_optimizer<B: FlowBackend>(state: &ModelState<B>) -> Option<AdamW<B>> {
     let mut all: Option<AdamW<B>> = state.optimizer.as_ref().map(AdamW::duplicate);
     for c in state.copies.iter().flatten() {

@@ -909,6 +909,41 @@ impl TcpGroup {
         )
     }
 
+    /// [`TcpGroup::all_gather`] whose answer only rank 0 receives (`Some`; the others `None`
+    /// once rank 0 has it): how one rank collects what is written once, without sending it back.
+    pub fn gather_to_root(
+        &self,
+        label: &str,
+        mine: &[f32],
+        counts: &[usize],
+    ) -> Result<Option<Vec<f32>>, GroupError> {
+        let what = format!("gather_to_root `{label}`");
+        self.check_counts(&what, counts)?;
+        if mine.len() != counts[self.rank()] {
+            let problem = format!(
+                "this rank passes {} values but counts[{}] is {}",
+                mine.len(),
+                self.rank(),
+                counts[self.rank()]
+            );
+            return Err(self.invalid(&what, problem));
+        }
+        let world = self.world();
+        let all = self.exchange(
+            &what,
+            &format!("{what} with counts {counts:?}"),
+            mine,
+            |rows| {
+                let mut all = mine.to_vec();
+                rows[1..].iter().for_each(|row| all.extend_from_slice(row));
+                let mut parts = vec![0..0; world];
+                parts[0] = 0..all.len();
+                Answer { values: all, parts }
+            },
+        )?;
+        Ok((self.rank() == 0).then_some(all))
+    }
+
     /// Every rank passes a full buffer (`counts.iter().sum()` values); returns rank r's segment
     /// (`counts[r]` values, starting at `counts[..r].iter().sum()`) of the element-wise sum (same
     /// summation order as [`TcpGroup::all_reduce_sum`]). Rank 0 sends each rank only its segment.
@@ -1330,6 +1365,8 @@ mod tests {
                     .collect();
                 let all = g.all_gather("params", &mine, &counts).unwrap();
                 assert_eq!(all, vec![0.5, 1.5, 20.5, 21.5, 22.5]);
+                let at_root = g.gather_to_root("state", &mine, &counts).unwrap();
+                assert_eq!(at_root, (rank == 0).then_some(all));
 
                 let counts = [1, 3, 0];
                 let full: Vec<f32> = (0..4).map(|i| inputs(rank)[i] * (i + 1) as f32).collect();
@@ -1383,6 +1420,10 @@ mod tests {
         g.all_reduce_sum("x", &mut data).unwrap();
         assert_eq!(data, vec![1.0, 2.0]);
         assert_eq!(g.all_gather("x", &[3.0], &[1]).unwrap(), vec![3.0]);
+        assert_eq!(
+            g.gather_to_root("x", &[3.0], &[1]).unwrap(),
+            Some(vec![3.0])
+        );
         assert_eq!(g.reduce_scatter_sum("x", &[4.0], &[1]).unwrap(), vec![4.0]);
         g.broadcast("x", &mut data, 0).unwrap();
         g.barrier("x").unwrap();

@@ -122,6 +122,40 @@ impl<B: AutodiffBackend> AdamW<B> {
         }
     }
 
+    /// The moments of the parameter at module path `key`, on the host: step count, `exp_avg`,
+    /// `exp_avg_sq` (`None` when it has no state yet).
+    pub fn moments_of(&self, key: &str) -> Option<(u64, Vec<f32>, Vec<f32>)> {
+        let m = self.state.get(key)?;
+        let host = |t: &Tensor<B::InnerBackend, 1>| {
+            t.clone()
+                .into_data()
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("f32 moments")
+        };
+        Some((m.step, host(&m.exp_avg), host(&m.exp_avg_sq)))
+    }
+
+    /// Sets the moments of the parameter at module path `key` (what [`AdamW::moments_of`]
+    /// gives), on `device`.
+    pub fn set_moments(
+        &mut self,
+        key: String,
+        (step, exp_avg, exp_avg_sq): (u64, Vec<f32>, Vec<f32>),
+        device: &burn::tensor::Device<B::InnerBackend>,
+    ) {
+        let tensor = |v: Vec<f32>| {
+            let n = v.len();
+            Tensor::from_data(TensorData::new(v, [n]), device)
+        };
+        let m = Moments {
+            step,
+            exp_avg: tensor(exp_avg),
+            exp_avg_sq: tensor(exp_avg_sq),
+        };
+        self.state.insert(key, m);
+    }
+
     /// A copy of the state (the moments' tensors are shared until one is updated).
     pub fn duplicate(&self) -> AdamW<B> {
         AdamW {
@@ -207,21 +241,10 @@ impl<B: AutodiffBackend> AdamW<B> {
         if let Some(config) = config {
             self.config = config;
         }
-        self.state = moments
-            .into_iter()
-            .map(|(key, (step, exp_avg, exp_avg_sq))| {
-                let tensor = |v: Vec<f32>| {
-                    let n = v.len();
-                    Tensor::from_data(TensorData::new(v, [n]), device)
-                };
-                let m = Moments {
-                    step,
-                    exp_avg: tensor(exp_avg),
-                    exp_avg_sq: tensor(exp_avg_sq),
-                };
-                (key, m)
-            })
-            .collect();
+        self.state.clear();
+        for (key, stored) in moments {
+            self.set_moments(key, stored, device);
+        }
         Ok(())
     }
 }
