@@ -431,7 +431,7 @@ fn cluster_flags_are_checked_before_anything_runs() {
             let mut args = vec![cmd, g];
             args.extend(&flags);
             let out = run_in(tmp.path(), &args);
-            assert_eq!(out.status.code(), Some(2), "{args:?}");
+            assert_eq!(out.status.code(), Some(78), "{args:?}");
             assert!(
                 text(&out.stderr).starts_with(want),
                 "{args:?}: {}",

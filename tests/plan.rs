@@ -139,13 +139,15 @@ fn a_gpu_machine_is_planned_from_its_datasheet() {
         );
     }
     // Each replica keeps a copy of the model and, at ZeRO stage 0, all the AdamW moments (8
-    // bytes per parameter, 61 GB for 7B); stage 2 keeps half of them on each of two GPUs.
+    // bytes per parameter, 61 GB for 7B); stage 2 keeps half of them on each of two GPUs, and
+    // (bf16 on a GPU) half of the f32 masters, the rest as bf16, whose view then casts only
+    // the replica's half (8 GB less).
     let peak = |j: &serde_json::Value, d: &str| j["devices"][d]["peak_bytes"].as_u64().unwrap();
     let sharded = plan("2");
     for d in ["cuda:0", "cuda:1"] {
         let saved = peak(&j, d) - peak(&sharded, d);
         assert!(
-            (25e9..35e9).contains(&(saved as f64)),
+            (35e9..45e9).contains(&(saved as f64)),
             "{d}: stage 2 saves {saved} bytes"
         );
     }

@@ -361,8 +361,9 @@ fn tensor_names(file: &Path) -> Vec<String> {
     names
 }
 
-/// Two processes at ZeRO stage 1: rank 0's checkpoint holds the whole optimizer state (rank 1's
-/// only its own parameters'), and resumes in one process into the one-process run's metrics.
+/// Two processes at ZeRO stage 1, computing in bf16 (the f32 masters sharded too): rank 0's
+/// checkpoint holds the whole optimizer state (rank 1's only its own parameters'), every rank's
+/// the whole masters, and rank 0's resumes in one process into the one-process run's metrics.
 #[test]
 fn a_sharded_two_process_checkpoint_resumes_in_one_process() {
     let dir = tempfile::tempdir().unwrap();
@@ -373,10 +374,12 @@ fn a_sharded_two_process_checkpoint_resumes_in_one_process() {
         "--set",
         "run.keep_checkpoints=2",
     ];
+    // In bf16, so that the f32 masters are sharded too.
     let stage = ["--set", "nodes.update.zero_stage=1"];
+    let bf16 = ["--set", "models.policy.precision=\"bf16\""];
     // After EXTRA's settings, which `command` adds.
     let run_with_checkpoints = |args: &[&str]| {
-        succeeded(0, command(args).args(every).output().unwrap());
+        succeeded(0, command(args).args(every).args(bf16).output().unwrap());
     };
     run_with_checkpoints(&["run", GRAPH, "--steps", "4", "--out", one.to_str().unwrap()]);
     let expected = metrics(&one);
@@ -387,7 +390,7 @@ fn a_sharded_two_process_checkpoint_resumes_in_one_process() {
     let children: Vec<Child> = (0..2)
         .map(|r| {
             let mut c = rank(r, port, &outs[r], "120", "2", true);
-            c.args(every).args(stage);
+            c.args(every).args(bf16).args(stage);
             c.spawn().unwrap()
         })
         .collect();
@@ -407,6 +410,14 @@ fn a_sharded_two_process_checkpoint_resumes_in_one_process() {
         "rank 1 holds its own parameters' moments: {} of {}",
         own.len(),
         whole.len()
+    );
+    let weights = |d: &Path| {
+        std::fs::read(d.join("checkpoints/step_000002/resources/policy/model/model.safetensors"))
+            .unwrap()
+    };
+    assert!(
+        weights(&outs[0]) == weights(&outs[1]),
+        "the ranks saved different master weights"
     );
     // Resumed in one process, from rank 0's directory.
     run_with_checkpoints(&["run", "--resume", outs[0].to_str().unwrap(), "--steps", "4"]);

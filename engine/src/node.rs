@@ -245,6 +245,17 @@ impl<'a> ValidateCtx<'a> {
         }
     }
 
+    /// Every node of the graph, in the graph's order (a resource's plan reads which nodes use
+    /// it, and how).
+    pub fn nodes(&self) -> Vec<NodeView<'a>> {
+        (0..self.graph.nodes.len())
+            .map(|id| NodeView {
+                graph: self.graph,
+                id,
+            })
+            .collect()
+    }
+
     /// The declared resource a parameter of type `Resource` refers to.
     pub fn resource_param(&self, key: &str) -> Option<ResourceView<'a>> {
         let name = self.params().get_str(key)?;
@@ -333,6 +344,10 @@ pub struct NodeView<'a> {
 
 impl<'a> NodeView<'a> {
     view_accessors!(nodes);
+    /// The replicas the node runs as, over all processes (its devices × the run's processes).
+    pub fn replicas(&self) -> usize {
+        self.graph.node_devices(self.id).len() * self.graph.world
+    }
     /// The nodes this node repeats (its `repeat` list, see [`crate::Repeat`]), in the graph's
     /// order.
     pub fn repeats(&self) -> Vec<NodeView<'a>> {

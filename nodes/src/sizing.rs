@@ -71,8 +71,30 @@ pub struct PlannedModel {
     pub trainable: bool,
     /// Only the adapters train.
     pub lora: bool,
+    /// The replicas an update node shards the f32 master weights over ([`masters_sharded_over`]);
+    /// `None`: whoever holds the trained weights holds every master.
+    pub masters_over: Option<u64>,
     /// `config.json`'s directory, for messages.
     pub dir: String,
+}
+
+/// Over how many replicas an update node shards the f32 masters of model resource `name`
+/// computing in `precision` (`crate::train::replicated`: a node of kind `update.*` training it
+/// at `zero_stage` ≥ 1 on several replicas, in a 16-bit precision, as the step decides).
+pub fn masters_sharded_over(ctx: &PlanCtx, name: &str, precision: Precision) -> Option<u64> {
+    if precision == Precision::F32 {
+        return None;
+    }
+    ctx.nodes()
+        .into_iter()
+        .filter(|n| {
+            n.kind().starts_with("update.")
+                && n.params().get_str("model") == Some(name)
+                && n.params().get_i64("zero_stage").unwrap_or(0) >= 1
+        })
+        .map(|n| n.replicas() as u64)
+        .filter(|&w| w > 1)
+        .max()
 }
 
 impl PlannedModel {
@@ -86,6 +108,19 @@ impl PlannedModel {
     /// Bytes per element of the compute precision.
     pub fn element(&self) -> u64 {
         self.precision.dtype().size() as u64
+    }
+
+    /// Bytes of a trained model's weights as one replica holds them: f32 masters, or, with the
+    /// masters sharded over W replicas, every weight in the compute precision plus the f32
+    /// masters of its 1/W (a LoRA model: its base in the compute precision and its f32 adapters).
+    pub fn trained_weight_bytes(&self) -> u64 {
+        if self.lora {
+            return self.shape.params * self.element() + self.shape.adapter_params * 4;
+        }
+        match self.masters_over {
+            Some(w) => self.shape.params * self.element() + (self.shape.params * 4).div_ceil(w),
+            None => self.shape.params * 4,
+        }
     }
 
     /// Parameters an optimizer updates (the adapters of a LoRA model).
@@ -189,9 +224,19 @@ pub fn replica_weights(m: &PlannedModel) -> Option<Item> {
     }
     Some(Item::new(
         format!("the replica's copy of the weights ({})", m.precision_name()),
-        m.shape.params * m.element(),
+        view_bytes(m),
         Place::Replicas,
     ))
+}
+
+/// Bytes of a view of `m`'s weights in the compute precision: every weight, or, of a trained
+/// model whose masters are sharded over W replicas, the cast of the replica's own 1/W (it holds
+/// the others in the compute precision already).
+pub fn view_bytes(m: &PlannedModel) -> u64 {
+    match m.masters_over.filter(|_| m.trainable && !m.lora) {
+        Some(w) => (m.shape.params * m.element()).div_ceil(w),
+        None => m.shape.params * m.element(),
+    }
 }
 
 /// The width of a layer's `H`-wide buffers: the hidden size, or the attention's when wider
@@ -513,25 +558,32 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
     );
     if world > 1 {
         // Each replica but the first keeps its own copy of the model as it is stored: f32
-        // masters, or a LoRA model's base in the compute precision with its f32 adapters.
-        let bytes = if m.lora {
-            m.shape.params * m.element() + m.shape.adapter_params * 4
-        } else {
-            m.shape.params * 4
-        };
+        // masters (or the compute precision and its own masters, when they are sharded), or a
+        // LoRA model's base in the compute precision with its f32 adapters.
         f.resident(Item::new(
             format!(
-                "the replica's copy of the model ({})",
-                crate::resources::model::params_text(m.shape.params)
+                "the replica's copy of the model ({}{})",
+                crate::resources::model::params_text(m.shape.params),
+                match m.masters_over {
+                    Some(w) if !m.lora => format!(", f32 masters of 1/{w}"),
+                    _ => String::new(),
+                }
             ),
-            bytes,
+            m.trained_weight_bytes(),
             Place::Replicas,
         ));
     }
     let chunk = chunk_of(t.chunk, device).min(pass.response.max(1));
-    // burn's `GradientsAccumulator` keeps the first micro-batch's gradients and adds the next
-    // ones' to them: two sets alive when a mini-batch has several micro-batches.
-    let accumulating = pass.mini_rows > pass.micro_rows;
+    // One replica sums its micro-batches' gradients where they are: the first micro-batch's
+    // and the next one's are alive together. Several replicas sum them on the host as the
+    // backward hands them over (`crate::train::grad_sum`): the device holds one backward's
+    // gradients, in their weights' dtype (bounded here by a whole micro-batch's; a checkpointed
+    // trunk hands them over segment by segment).
+    let accumulating = world == 1 && pass.mini_rows > pass.micro_rows;
+    let gradient_bytes = match m.masters_over {
+        Some(w) if world > 1 && !m.lora => trained * m.element() + (trained * 4).div_ceil(w),
+        _ => trained * 4,
+    };
     let mut items = vec![
         Item::new(
             format!(
@@ -555,15 +607,27 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         ),
         Item::new(
             format!(
-                "gradients{} ({}, f32)",
+                "gradients{} ({}, {})",
                 if accumulating { ": accumulated and this micro-batch's" } else { "" },
-                crate::resources::model::params_text(trained)
+                crate::resources::model::params_text(trained),
+                if gradient_bytes == trained * 4 { "f32" } else { "in their weights' dtypes" }
             ),
-            if accumulating { 8 } else { 4 } * trained,
+            if accumulating { 2 } else { 1 } * gradient_bytes,
             Place::Device,
         )
         .hint("train LoRA adapters (`lora = { rank = 16 }` on the model)"),
     ];
+    if world > 1 {
+        let local = ctx.local_replicas() as u64;
+        items.push(Item::new(
+            format!(
+                "gradient sums on the host ({local} replicas × {}, f32)",
+                crate::resources::model::params_text(trained)
+            ),
+            local * 4 * trained,
+            Place::Host,
+        ));
+    }
     if t.lm_head {
         items.push(
             Item::new(
@@ -576,15 +640,22 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
     }
     items.extend(crate::kinds::rollout::compute_view_item(m));
     f.phase("forward+backward", items);
+    // One replica steps its summed gradients on the device; several unflatten the reduced ones
+    // there (stage 2: only the replica's own).
+    let stepped = match (world, t.zero_stage) {
+        (1, _) => trained,
+        (_, 2) => held,
+        _ => trained,
+    };
     let mut optimizer = vec![Item::new(
-        "accumulated gradients (f32)",
-        4 * trained,
+        "summed gradients the optimizer steps (f32)",
+        4 * stepped,
         Place::Device,
     )];
     if world > 1 {
-        // Each of this process's replicas flattens its gradients into a host vector; the
-        // all-reduce returns one of the same size, the reduce-scatter (stage 2) the replica's
-        // share (nodes/src/train/replicated.rs).
+        // Each of this process's replicas hands its host sum to the collective; the all-reduce
+        // returns one of the same size, the reduce-scatter (stage 2) the replica's share
+        // (nodes/src/train/replicated.rs).
         let local = ctx.local_replicas() as u64;
         let back = if t.zero_stage >= 2 { held } else { trained };
         optimizer.push(

@@ -304,7 +304,7 @@ pub(crate) fn compute_view_item(m: &PlannedModel) -> Option<Item> {
     (m.trainable && !m.lora && m.precision != flowrl_models::weights::Precision::F32).then(|| {
         Item::new(
             format!("{} view of the weights", m.precision_name()),
-            m.shape.params * m.element(),
+            crate::sizing::view_bytes(m),
             Place::Device,
         )
     })

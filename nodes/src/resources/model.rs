@@ -56,9 +56,11 @@ use tokenizers::Tokenizer;
 
 use crate::runtime::backend::{BackendKind, FlowBackend, default_precision_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
-use crate::sizing::PlannedModel;
+use crate::sizing::{PlannedModel, masters_sharded_over};
 use crate::train::optim::AdamW;
-use crate::train::replicated::{Sharding, TrainCopy, checkpoint_optimizer, copy_on, uses_primary};
+use crate::train::replicated::{
+    Sharding, TrainCopy, checkpoint_optimizer, checkpoint_weights, copy_on, uses_primary,
+};
 
 /// Counters of the optimizer steps applied to a model (saved with checkpoints).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -510,17 +512,24 @@ impl ModelResource {
         }
         on_backend!(self.backend, B => {
             let s = self.lock::<B>()?;
+            let label = format!("model `{}`", self.name);
+            // Sharded masters are put together first; else the model's weights are the masters.
+            let whole = checkpoint_weights(&s, &label)?;
+            let (model, head) = match &whole {
+                Some((m, h)) => (m, h.as_ref()),
+                None => (&s.model, s.value_head.as_ref()),
+            };
             match &self.lora {
                 Some(config) => {
                     let base = std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
-                    s.model.save_adapter(&dir.join("adapter"), config, &base.display().to_string())?
+                    model.save_adapter(&dir.join("adapter"), config, &base.display().to_string())?
                 }
-                None => s.model.save(&dir.join("model"), None)?,
+                None => model.save(&dir.join("model"), None)?,
             }
-            if let Some(head) = &s.value_head {
+            if let Some(head) = head {
                 head.save(&dir.join("model").join(VALUE_HEAD_FILE))?;
             }
-            let label = format!("model `{}`", self.name);
+            drop(whole);
             if let Some(opt) = checkpoint_optimizer(&s, &label)? {
                 opt.save(&dir.join("optimizer.safetensors"))?;
             }
@@ -872,10 +881,14 @@ impl ResourceKind for ModelKind {
             }
         };
         let trainable = p.trainable.unwrap_or(true);
+        let masters_over = trainable
+            .then(|| masters_sharded_over(ctx, ctx.name(), precision))
+            .flatten();
         let model = PlannedModel {
             precision,
             trainable,
             lora: lora.is_some(),
+            masters_over,
             dir: source.display().to_string(),
             shape,
         };
@@ -902,13 +915,17 @@ impl ResourceKind for ModelKind {
                 Place::Device,
             ));
         } else if trainable {
+            let what = match masters_over {
+                Some(w) => format!(
+                    "weights ({}, {}) and the f32 masters of 1/{w} of them (ZeRO)",
+                    params_text(weights),
+                    model.precision_name()
+                ),
+                None => format!("master weights ({}, f32)", params_text(weights)),
+            };
             f.resident(
-                Item::new(
-                    format!("master weights ({}, f32)", params_text(weights)),
-                    weights * 4,
-                    Place::Device,
-                )
-                .hint("train LoRA adapters (`lora = { rank = 16 }`) instead of every weight"),
+                Item::new(what, model.trained_weight_bytes(), Place::Device)
+                    .hint("train LoRA adapters (`lora = { rank = 16 }`) instead of every weight"),
             );
         } else {
             f.resident(

@@ -483,6 +483,22 @@ pub fn gather_to_rank_zero(
         .map_err(|e| anyhow!("{e}"))
 }
 
+/// Outside the nodes' operations (a checkpoint): the processes' `mine` concatenated in rank
+/// order (`counts`: one per process), on every process.
+pub fn all_gather_across_processes(
+    label: &str,
+    mine: &[f32],
+    counts: &[usize],
+) -> Result<Vec<f32>> {
+    let joined = SESSION.lock().unwrap_or_else(|e| e.into_inner());
+    let j = joined
+        .as_ref()
+        .context("gathering across processes before this process joined the run's processes")?;
+    j.group
+        .all_gather(label, mine, counts)
+        .map_err(|e| anyhow!("{e}"))
+}
+
 /// Joins the run's processes at rank 0 (`Cluster::master`). From then on a failure of another
 /// process ends this one at once (exit code 1, the message naming the process), whatever it is
 /// doing; the processes vote after every step on whether one of them was asked to stop

@@ -30,7 +30,7 @@
 use std::ops::Range;
 
 use burn::module::AutodiffModule;
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use flowrl_engine::Params;
@@ -38,7 +38,8 @@ use flowrl_models::lora::{DropoutPosition, DropoutScope, TrainingSweep};
 use flowrl_models::{DecoderInputs, Model, layer_input_slice};
 use serde::Deserialize;
 
-use super::sequences::{in_dtypes_of, leaf_copy};
+use super::grad_sum::GradSum;
+use super::sequences::leaf_copy;
 
 /// The gradient-checkpointing switch of an update node, for a kind's parameter struct as
 /// `#[serde(flatten)] checkpointing: CheckpointingParams`.
@@ -147,19 +148,37 @@ impl<B: AutodiffBackend> TrunkBackward<B> {
         self,
         surrogate: Tensor<B, 1>,
         module: &M,
-        model: &Model<B>,
     ) -> GradientsParams {
+        let mut sum = GradSum::on_device();
+        self.backward_into(surrogate, module, &mut sum);
+        sum.into_device()
+    }
+
+    /// [`Self::backward`] adding the gradients to `sum` as they come: the whole trunk's at once
+    /// through the forward's graph, or segment by segment when recomputed (the device then holds
+    /// one segment's gradients at a time beside `sum`'s).
+    pub fn backward_into<M: AutodiffModule<B>>(
+        self,
+        surrogate: Tensor<B, 1>,
+        module: &M,
+        sum: &mut GradSum,
+    ) {
         let r = match self {
-            Self::Graph => return GradientsParams::from_grads(surrogate.backward(), module),
+            Self::Graph => {
+                sum.add(
+                    module,
+                    GradientsParams::from_grads(surrogate.backward(), module),
+                );
+                return;
+            }
             Self::Recompute(r) => *r,
         };
-        let mut acc = GradientsAccumulator::<M>::new();
         let grads = surrogate.backward();
         let mut g = r
             .last
             .grad(&grads)
             .unwrap_or_else(|| r.last.clone().inner().zeros_like());
-        acc.accumulate(module, GradientsParams::from_grads(grads, module));
+        sum.add(module, GradientsParams::from_grads(grads, module));
         let lm = r.leaf.causal_lm();
         let mut input_grads = Vec::new();
         for segment in r.segments.into_iter().rev() {
@@ -184,8 +203,8 @@ impl<B: AutodiffBackend> TrunkBackward<B> {
             if let Some(gu) = u.and_then(|u| u.grad(&grads)) {
                 input_grads.push((segment.channels, gu));
             }
-            let leaf_grads = GradientsParams::from_grads::<B, _>(grads, &r.leaf);
-            acc.accumulate(module, in_dtypes_of(model, leaf_grads));
+            // The leaf copies carry `model`'s parameter ids, which `module` holds.
+            sum.add(module, GradientsParams::from_grads::<B, _>(grads, &r.leaf));
         }
         // The embeddings stage: Σ stream ⊙ g₀ + Σ_s u_s ⊙ ∂L/∂u_s, plus a zero term on a
         // fresh leaf so that the backward has a graph to walk when nothing before the first
@@ -202,7 +221,6 @@ impl<B: AutodiffBackend> TrunkBackward<B> {
         }
         let probe = Tensor::<B, 1>::zeros([1], (&device, embedding.dtype())).require_grad();
         let grads = (embedding + probe * 0.0).backward();
-        acc.accumulate(module, GradientsParams::from_grads(grads, module));
-        acc.grads()
+        sum.add(module, GradientsParams::from_grads(grads, module));
     }
 }

@@ -8,6 +8,7 @@
 //! gradient norm, count), is [`replicated::replicated_step`].
 
 pub mod checkpoint;
+pub mod grad_sum;
 pub mod micro_batches;
 pub mod optim;
 pub mod replicated;
@@ -57,7 +58,8 @@ pub struct OptimParams {
     #[param(default = 0.0, min = 0.0, max = 1.0)]
     pub min_lr_ratio: f64,
     /// ZeRO stage over the node's replicas: 0 every replica holds all AdamW moments; 1 each
-    /// holds those of 1/N of the parameters; 2 also only their summed gradients
+    /// holds those of 1/N of the parameters (and, computing in bf16, only their f32 masters);
+    /// 2 also only their summed gradients
     #[param(default = 0, min = 0.0, max = 2.0)]
     pub zero_stage: u8,
     /// verl actor.freeze_vision_tower: the vision tower (with its projector/merger) gets no
@@ -163,6 +165,6 @@ pub fn global_batch_info(
 /// What one replica computed for one optimizer step: its accumulated gradients (`None` when a
 /// loss was not finite) and statistics that add up over replicas (sums and counts).
 pub struct PartialStep {
-    pub grads: Option<GradientsParams>,
+    pub grads: Option<grad_sum::StepGrads>,
     pub stats: Vec<f64>,
 }

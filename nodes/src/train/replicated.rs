@@ -8,7 +8,8 @@
 //! `rows` on `W` replicas:
 //!
 //! 1. replica `i` computes the gradient of its share of the rows ([`shard`]), its loss normalised
-//!    over the whole step and scaled by `W` (`GlobalBatchInfo::dp_size`);
+//!    over the whole step and scaled by `W` (`GlobalBatchInfo::dp_size`), summed on the host as
+//!    the backward hands it over ([`GradSum::on_host`]);
 //! 2. the gradients of the trainable parameters, flattened in module order, are summed over the
 //!    replicas and divided by `W`: by an all-reduce (stages 0 and 1), or by a reduce-scatter that
 //!    leaves each replica only the parameters it owns (stage 2);
@@ -30,20 +31,37 @@
 //! The moments move between replicas only when the sharding changes (the first step, a resume,
 //! another stage or device count): they are put together and handed out again by owner. A
 //! checkpoint holds them all ([`checkpoint_optimizer`]; of a multi-process run: rank 0's).
+//!
+//! Master weights ([`Sharding::masters`]): a model computing in bf16 (or f16) at stage 1 or 2
+//! keeps on each replica the f32 masters of the parameters it owns only, and the others' weights
+//! in the compute precision ([`hold_own_masters`]): the values its forward view casts them to.
+//! Their gradients, widened to f32, are the masters' (the cast's backward widens them the same
+//! way), the owners step their masters, and the all-gathered weights are rounded to the
+//! compute precision where they are not masters: stage 1 still updates as stage 0, bit for bit.
+//! A checkpoint gathers the masters whole ([`checkpoint_weights`]). The replicas holding a
+//! model's sharded masters cannot change until a resume (they hold nothing of the others').
+//!
+//! Equivalent on paper to what DeepSpeed's stages 1 and 2 keep per replica (fp32 masters and
+//! moments of 1/W); the collective is the host's, not yet NCCL's.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use burn::tensor::DType;
 use flowrl_models::Model;
 use flowrl_models::value_head::{ValueHead, ValueModel};
+use flowrl_models::weights::Precision;
 
 use crate::resources::model::ModelState;
 use crate::runtime::backend::{FlowBackend, device_of};
-use crate::runtime::data_parallel::{Replica, Replicas, gather_to_rank_zero, shard};
+use crate::runtime::data_parallel::{
+    Replica, Replicas, all_gather_across_processes, gather_to_rank_zero, shard,
+};
+use crate::train::grad_sum::{GradSum, StepGrads};
 use crate::train::optim::{AdamW, grad_sum_squares, scale_grads};
 use crate::train::{OptimParams, PartialStep, StepOutcome, drop_vision_grads};
 
@@ -64,6 +82,10 @@ pub struct Sharding {
     pub world: usize,
     pub first: usize,
     pub local: usize,
+    /// The f32 master weights are sharded too: a replica holds its own parameters' masters and
+    /// the others' weights in the compute precision (stages 1 and 2 of a model computing in
+    /// bf16 or f16).
+    pub masters: bool,
 }
 
 /// What a step trains: the model alone, or a value model (backbone and head).
@@ -117,19 +139,22 @@ pub fn replicated_step<B: FlowBackend, M: Trained<B>>(
     optim: &OptimParams,
     lr: f64,
     rows: &[usize],
-    compute: impl Fn(&M, &[usize]) -> Result<PartialStep> + Sync,
+    compute: impl Fn(&M, &[usize], GradSum) -> Result<PartialStep> + Sync,
 ) -> Result<(StepOutcome, Vec<f64>)> {
     let config = optim.adamw()?;
+    let stage = if replicas.world() > 1 {
+        optim.zero_stage
+    } else {
+        0
+    };
     let sharding = Sharding {
-        stage: if replicas.world() > 1 {
-            optim.zero_stage
-        } else {
-            0
-        },
+        stage,
         world: replicas.world(),
         first: replicas.first(),
         local: replicas.local(),
+        masters: stage > 0 && state.precision != Precision::F32,
     };
+    let compute_dtype = state.precision.dtype();
     state.drop_views();
     let mut slots = take_slots(state, replicas)?;
     distribute(state, &mut slots, sharding)?;
@@ -138,9 +163,18 @@ pub fn replicated_step<B: FlowBackend, M: Trained<B>>(
         let mut slot = slots[r.local_index]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let module = M::of(&slot)?;
+        let mut module = M::of(&slot)?;
+        if sharding.masters {
+            module = hold_own_masters(module, r.index, sharding.world, compute_dtype);
+        }
         let mine = &rows[shard(rows.len(), r.world, r.index)];
-        let partial = compute(&module, mine)?;
+        // Several replicas exchange host vectors: the gradients go there as they come.
+        let sum = if r.world == 1 {
+            GradSum::on_device()
+        } else {
+            GradSum::on_host(&module)
+        };
+        let partial = compute(&module, mine, sum)?;
         let opt = slot.optimizer.get_or_insert_with(|| AdamW::new(config));
         opt.config = config;
         let (module, outcome, stats) =
@@ -178,7 +212,8 @@ fn step_on_replica<B: FlowBackend, M: Trained<B>>(
         let PartialStep { grads, stats } = partial;
         return match grads {
             None => Ok((module, skipped(f64::NAN), stats)),
-            Some(grads) => {
+            Some(StepGrads::Host(_)) => bail!("one replica's gradients were summed on the host"),
+            Some(StepGrads::Device(grads)) => {
                 let (module, outcome) =
                     clip_and_step(module, opt, optim, lr, grads, |s| Ok(s.sqrt()), |_, _| {})?;
                 Ok((module, outcome, stats))
@@ -250,7 +285,7 @@ fn step_on_replica<B: FlowBackend, M: Trained<B>>(
     if outcome.applied && stage > 0 {
         let mine = owned_values(&module, &layout, &owner, r.index);
         let all = r.all_gather(mine, &segments)?;
-        module = write_values(module, &layout, &owner, r.index, &all);
+        module = write_values(module, &layout, &owner, r.index, &all, false);
     }
     Ok((module, outcome, stats))
 }
@@ -426,6 +461,18 @@ fn flatten<B: FlowBackend, M: Module<B>>(
     layout: &Layout,
     step: PartialStep,
 ) -> Vec<f32> {
+    let device_grads = match step.grads {
+        Some(StepGrads::Host(h)) => {
+            let mut flat = h.values;
+            flat.reserve(h.present.len() + 1 + step.stats.len());
+            flat.extend(h.present.iter().map(|&p| if p { 1.0 } else { 0.0 }));
+            flat.push(0.0);
+            flat.extend(step.stats.iter().map(|&s| s as f32));
+            return flat;
+        }
+        Some(StepGrads::Device(g)) => Some(g),
+        None => None,
+    };
     struct Flatten<'a> {
         grads: Option<GradientsParams>,
         values: Vec<f32>,
@@ -456,9 +503,9 @@ fn flatten<B: FlowBackend, M: Module<B>>(
             }
         }
     }
-    let nonfinite = if step.grads.is_none() { 1.0 } else { 0.0 };
+    let nonfinite = if device_grads.is_none() { 1.0 } else { 0.0 };
     let mut v = Flatten {
-        grads: step.grads,
+        grads: device_grads,
         values: Vec::with_capacity(layout.total + layout.numels.len() + 1 + step.stats.len()),
         flags: Vec::new(),
         layout,
@@ -582,13 +629,15 @@ fn owned_values<B: FlowBackend, M: Module<B>>(
 }
 
 /// `module` with every trainable parameter `replica` does not own replaced by its values in
-/// `all` (the layout's flat order), keeping ids and `require_grad`.
+/// `all` (the layout's flat order), keeping ids, `require_grad` and each parameter's dtype
+/// (`whole`: in f32, the master weights whole).
 fn write_values<B: FlowBackend, M: Module<B>>(
     module: M,
     layout: &Layout,
     owner: &[usize],
     replica: usize,
     all: &[f32],
+    whole: bool,
 ) -> M {
     struct Write<'a> {
         all: &'a [f32],
@@ -597,6 +646,7 @@ fn write_values<B: FlowBackend, M: Module<B>>(
         owner: &'a [usize],
         numels: &'a [usize],
         replica: usize,
+        whole: bool,
     }
     impl<B: FlowBackend> ModuleMapper<B> for Write<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
@@ -615,6 +665,18 @@ fn write_values<B: FlowBackend, M: Module<B>>(
                 TensorData::new(self.all[start..start + n].to_vec(), tensor.shape()),
                 &tensor.device(),
             );
+            // A weight held in the compute precision (sharded masters) stays in it: the cast
+            // its master's forward view would make.
+            let dtype = if self.whole {
+                DType::F32
+            } else {
+                tensor.dtype()
+            };
+            let inner = if inner.dtype() == dtype {
+                inner
+            } else {
+                inner.cast(dtype)
+            };
             Param::from_mapped_value(id, Tensor::from_inner(inner).require_grad(), mapper)
         }
     }
@@ -625,6 +687,55 @@ fn write_values<B: FlowBackend, M: Module<B>>(
         owner,
         numels: &layout.numels,
         replica,
+        whole,
+    })
+}
+
+/// `module` as replica `replica` of `world` holds it when the masters are sharded: the
+/// trainable parameters of its backbone that it owns ([`owners`]) stay f32 masters; the others
+/// become new leaves in `dtype`, the compute precision (a no-op for those already in it). The
+/// forward view ([`crate::resources::model::compute_view`]) casts every backbone weight to
+/// `dtype`, so the forward computes with the same values; the gradient a weight held in `dtype`
+/// receives, widened to f32 ([`GradSum`]), is the one its master would have received through the
+/// cast. A value model's head stays f32 on every replica (its forward is f32).
+fn hold_own_masters<B: FlowBackend, M: Trained<B>>(
+    module: M,
+    replica: usize,
+    world: usize,
+    dtype: DType,
+) -> M {
+    struct Hold<'a> {
+        owner: &'a [usize],
+        /// Trainable parameters of the backbone: the first ones in module order.
+        backbone: usize,
+        index: usize,
+        replica: usize,
+        dtype: DType,
+    }
+    impl<B: FlowBackend> ModuleMapper<B> for Hold<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            let (id, tensor, mapper) = param.consume();
+            if !tensor.is_require_grad() {
+                return Param::from_mapped_value(id, tensor, mapper);
+            }
+            let i = self.index;
+            self.index += 1;
+            if i >= self.backbone || self.owner[i] == self.replica || tensor.dtype() == self.dtype {
+                return Param::from_mapped_value(id, tensor, mapper);
+            }
+            let held = Tensor::from_inner(tensor.inner().cast(self.dtype)).require_grad();
+            Param::from_mapped_value(id, held, mapper)
+        }
+    }
+    let layout = Layout::of(&module);
+    let backbone = Layout::of(module.backbone()).numels.len();
+    let owner = owners(&layout.numels, world);
+    module.map(&mut Hold {
+        owner: &owner,
+        backbone,
+        index: 0,
+        replica,
+        dtype,
     })
 }
 
@@ -736,6 +847,19 @@ fn distribute<B: FlowBackend>(
     if state.sharding == Some(sharding) {
         return Ok(());
     }
+    if let Some(old) = state.sharding.filter(|o| o.masters) {
+        // The masters of the parameters other replicas owned are gone from these: they cannot
+        // be handed out anew.
+        bail!(
+            "its f32 master weights are sharded over {} replicas at ZeRO stage {}; this step \
+             would train it on {} replicas at stage {} (nodes that train one model must agree \
+             on their devices and zero_stage)",
+            old.world,
+            old.stage,
+            sharding.world,
+            sharding.stage
+        );
+    }
     let mut all: Option<AdamW<B>> = None;
     for slot in slots.iter_mut() {
         if let Some(o) = slot.optimizer.take() {
@@ -773,6 +897,93 @@ fn distribute<B: FlowBackend>(
     }
     state.sharding = Some(sharding);
     Ok(())
+}
+
+/// The weights a checkpoint holds when the masters are sharded ([`Sharding::masters`]): every
+/// trainable parameter's f32 master, gathered from its owner (this process's replicas, and the
+/// other processes' by an all-gather, so that every process's checkpoint holds the whole
+/// model), on the model's device (a transient whole copy, made between steps); `None` when
+/// the model's own weights are the masters whole.
+pub fn checkpoint_weights<B: FlowBackend>(
+    state: &ModelState<B>,
+    label: &str,
+) -> Result<Option<WholeWeights<B>>> {
+    let Some(sh) = state.sharding.filter(|s| s.masters) else {
+        return Ok(None);
+    };
+    let trained = |model: &Model<B>, head: &Option<ValueHead<B>>| -> Result<ValueModelOrModel<B>> {
+        Ok(match head {
+            Some(h) => ValueModelOrModel::Value(Box::new(ValueModel {
+                model: model.clone(),
+                head: h.clone(),
+            })),
+            None => ValueModelOrModel::Model(Box::new(model.clone())),
+        })
+    };
+    let own = trained(&state.model, &state.value_head)?;
+    let layout = own.layout();
+    let owner = owners(&layout.numels, sh.world);
+    // This process's replicas' masters, in replica order: its segment of the layout.
+    let mut mine = Vec::new();
+    for i in 0..sh.local {
+        let replica = sh.first + i;
+        let copy = match state.copies.get(i).and_then(Option::as_ref) {
+            Some(c) if c.version == state.version => trained(&c.model, &c.value_head)?,
+            None if i == 0 => own.clone(),
+            _ => bail!("{label}: replica {replica} holds no current copy of its master weights"),
+        };
+        mine.extend(copy.owned_values(&layout, &owner, replica));
+    }
+    let segments = segments(&layout.numels, &owner, sh.world);
+    let processes = sh.world / sh.local;
+    let all = if processes > 1 {
+        let per_process: Vec<usize> = segments.chunks(sh.local).map(|c| c.iter().sum()).collect();
+        all_gather_across_processes(&format!("master weights of {label}"), &mine, &per_process)?
+    } else {
+        mine
+    };
+    ensure!(
+        all.len() == layout.total,
+        "{label}: gathered {} master values for {} parameters",
+        all.len(),
+        layout.total
+    );
+    Ok(Some(match own {
+        ValueModelOrModel::Value(v) => {
+            let v = write_values(*v, &layout, &owner, usize::MAX, &all, true);
+            (v.model, Some(v.head))
+        }
+        ValueModelOrModel::Model(m) => (
+            write_values(*m, &layout, &owner, usize::MAX, &all, true),
+            None,
+        ),
+    }))
+}
+
+/// A model's weights for a checkpoint: the model, and a value model's head.
+pub type WholeWeights<B> = (Model<B>, Option<ValueHead<B>>);
+
+/// The module a model's optimizer steps: the model, or a value model (backbone and head).
+#[derive(Clone)]
+enum ValueModelOrModel<B: FlowBackend> {
+    Model(Box<Model<B>>),
+    Value(Box<ValueModel<B>>),
+}
+
+impl<B: FlowBackend> ValueModelOrModel<B> {
+    fn layout(&self) -> Layout {
+        match self {
+            Self::Model(m) => Layout::of(m.as_ref()),
+            Self::Value(v) => Layout::of(v.as_ref()),
+        }
+    }
+
+    fn owned_values(&self, layout: &Layout, owner: &[usize], replica: usize) -> Vec<f32> {
+        match self {
+            Self::Model(m) => owned_values(m.as_ref(), layout, owner, replica),
+            Self::Value(v) => owned_values(v.as_ref(), layout, owner, replica),
+        }
+    }
 }
 
 /// The optimizer state a checkpoint of this process holds: the resource's own and its copies'

@@ -46,7 +46,7 @@ use std::collections::{HashMap, HashSet};
 
 use anyhow::{Result, ensure};
 use burn::module::{AutodiffModule, Module};
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use flowrl_models::weights::Precision;
@@ -54,6 +54,7 @@ use flowrl_models::{Model, PaddedBatch, PositionIds, ProcessedImage};
 
 use crate::resources::model::compute_view;
 use crate::train::checkpoint::{TrunkBackward, checkpointed_trunk};
+use crate::train::grad_sum::GradSum;
 use crate::values::RolloutBatch;
 
 /// How the rows of a micro-batch are laid out for the forward pass (see the module doc).
@@ -483,6 +484,42 @@ impl SequenceBatch {
         B: AutodiffBackend,
         L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
     {
+        let mut sum = GradSum::on_device();
+        let pass = self.loss_gradients_into(
+            model,
+            precision,
+            checkpointing,
+            temperature,
+            chunk,
+            device,
+            loss_of,
+            &mut sum,
+        )?;
+        Ok(LossGradients {
+            loss: pass.loss,
+            grads: pass.loss.is_finite().then(|| sum.into_device()),
+            values: pass.values,
+        })
+    }
+
+    /// [`Self::loss_gradients`] adding the gradients to `sum` as the backward hands them over
+    /// (nothing when the loss is not finite).
+    #[allow(clippy::too_many_arguments)]
+    pub fn loss_gradients_into<B, L>(
+        &self,
+        model: &Model<B>,
+        precision: Precision,
+        checkpointing: bool,
+        temperature: f64,
+        chunk: usize,
+        device: &B::Device,
+        loss_of: L,
+        sum: &mut GradSum,
+    ) -> Result<LossPass<B>>
+    where
+        B: AutodiffBackend,
+        L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
+    {
         let view = compute_view(model, precision);
         let (response_hidden, labels, trunk) =
             self.response_hidden_for_backward(model, &view, checkpointing, device)?;
@@ -494,11 +531,20 @@ impl SequenceBatch {
             temperature,
             chunk,
             loss_of,
+            sum,
         )
     }
 }
 
-/// What [`chunked_loss_backward`] computed for one micro-batch.
+/// What [`chunked_loss_backward`] computed for one micro-batch besides its gradients.
+pub struct LossPass<B: Backend> {
+    /// The loss value (from the pass-1 values); not finite: no backward ran.
+    pub loss: f64,
+    /// The pass-1 log-probs and entropies `[b, T]`, constants (no graph).
+    pub values: ResponseLogProbs<B>,
+}
+
+/// What [`SequenceBatch::loss_gradients`] computed for one micro-batch.
 pub struct LossGradients<B: Backend> {
     /// The loss value (from the pass-1 values).
     pub loss: f64,
@@ -529,12 +575,12 @@ pub struct LossGradients<B: Backend> {
 /// 1. **Pass 1, values only**: x chunk by chunk on the inner backend (no autodiff graph: no
 ///    logits are kept).
 /// 2. **The loss**: `loss_of` on x as leaves, one backward through the (`[B, T]`-sized) loss
-///    graph: g = ∂L/∂x. A non-finite loss stops here (`grads: None`).
+///    graph: g = ∂L/∂x. A non-finite loss stops here (nothing is added to `sum`).
 /// 3. **Pass 2, per chunk**: the chunk's logits again from a leaf copy h_c of its hidden states
 ///    through leaf copies of the view's weights, and one backward of Σ g_c ⊙ x_c, whose
 ///    gradients are g_c·∂x_c/∂h_c (kept: `[B, len, H]`) and g_c·∂x_c/∂W (the LM head's, or the
-///    tied embedding's, weight gradients, added up in the master weights' dtype). Then the
-///    chunk's graph is gone.
+///    tied embedding's, weight gradients, added to `sum` in f32). Then the chunk's graph is
+///    gone.
 /// 4. **Trunk**: one backward of Σ response_hidden ⊙ G, G = the chunks' hidden-state gradients
 ///    side by side (a constant): its gradient with respect to response_hidden is G, so this is
 ///    the trunk's share of dL/dθ (a tied embedding adds it to its LM-head share), taken by the
@@ -544,15 +590,15 @@ pub struct LossGradients<B: Backend> {
 /// each block's contribution goes through the same operations as in the single graph (the same
 /// chunk boundaries, so the same `entropy_and_logprobs_from_hidden` blocks); only the order in
 /// which float gradients are summed differs (a tied embedding's two shares; the LM head's
-/// per-chunk weight gradients, which are summed in the master dtype: f32 where a bf16 graph
-/// summed them in bf16). Every metric of the caller is computed from the pass-1 values, which
+/// per-chunk weight gradients, which are summed in f32 where a bf16 graph summed them in
+/// bf16). Every metric of the caller is computed from the pass-1 values, which
 /// are those of the single graph's forward.
 ///
 /// The view's recorded casts (mixed precision) reach the masters only through the trunk
 /// backward: a backward consumes the steps of the nodes it traverses, so pass 2 differentiates
-/// with respect to leaf copies of the view's weights (same parameter ids) and casts their
-/// gradients to the masters' dtype itself. Parameters of `model` that do not require gradients
-/// get none.
+/// with respect to leaf copies of the view's weights (same parameter ids), whose gradients
+/// `sum` widens to f32 itself. Parameters of `model` that do not require gradients get none.
+#[allow(clippy::too_many_arguments)]
 pub fn chunked_loss_backward<B, L>(
     model: &Model<B>,
     view: &Model<B>,
@@ -561,7 +607,8 @@ pub fn chunked_loss_backward<B, L>(
     temperature: f64,
     chunk: usize,
     loss_of: L,
-) -> Result<LossGradients<B>>
+    sum: &mut GradSum,
+) -> Result<LossPass<B>>
 where
     B: AutodiffBackend,
     L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
@@ -595,12 +642,12 @@ where
     let ent_leaf = Tensor::<B, 2>::from_inner(entropy).require_grad();
     let loss = loss_of(lp_leaf.clone(), ent_leaf.clone())?;
     let value = loss.clone().detach().into_scalar().elem::<f64>();
+    let pass = LossPass {
+        loss: value,
+        values,
+    };
     if !value.is_finite() {
-        return Ok(LossGradients {
-            loss: value,
-            grads: None,
-            values,
-        });
+        return Ok(pass);
     }
     let grads = loss.backward();
     let g_lp = lp_leaf.grad(&grads);
@@ -608,16 +655,11 @@ where
     drop(grads);
     if g_lp.is_none() && g_ent.is_none() {
         // The loss does not depend on the log-probs or entropies: no gradient at all.
-        return Ok(LossGradients {
-            loss: value,
-            grads: Some(GradientsParams::new()),
-            values,
-        });
+        return Ok(pass);
     }
 
     // Pass 2: per chunk, through leaf copies of the view's weights.
     let head = leaf_copy(model, inner_view);
-    let mut acc = GradientsAccumulator::<Model<B>>::new();
     let mut hidden_grads = Vec::with_capacity(t.div_ceil(chunk));
     let mut start = 0;
     while start < t {
@@ -644,20 +686,14 @@ where
             .grad(&grads)
             .unwrap_or_else(|| h.clone().inner().zeros_like());
         hidden_grads.push(g_h);
-        let head_grads = GradientsParams::from_grads::<B, _>(grads, &head);
-        acc.accumulate::<B>(model, in_dtypes_of(model, head_grads));
+        sum.add(model, GradientsParams::from_grads::<B, _>(grads, &head));
         start += len;
     }
 
     // The trunk: Σ response_hidden ⊙ G has the gradient G with respect to response_hidden.
     let g = Tensor::<B, 3>::from_inner(Tensor::cat(hidden_grads, 1));
-    let grads = trunk.backward((response_hidden * g).sum(), model, model);
-    acc.accumulate::<B>(model, grads);
-    Ok(LossGradients {
-        loss: value,
-        grads: Some(acc.grads()),
-        values,
-    })
+    trunk.backward_into((response_hidden * g).sum(), model, sum);
+    Ok(pass)
 }
 
 /// `inner` (the inner model of a view of `model`) as an autodiff model of leaves with `model`'s
@@ -688,34 +724,6 @@ pub(crate) fn leaf_copy<B: AutodiffBackend>(
     let mut trainable = Trainable(HashSet::new());
     model.visit(&mut trainable);
     Model::<B>::from_inner(inner).map(&mut RequireGrad(trainable.0))
-}
-
-/// `grads` with every gradient in the dtype of its parameter in `model` (the f32 masters; a
-/// bf16 view's leaf copies get bf16 gradients).
-pub(crate) fn in_dtypes_of<B: AutodiffBackend>(
-    model: &Model<B>,
-    mut grads: GradientsParams,
-) -> GradientsParams {
-    use burn::module::{ModuleVisitor, Param};
-    struct Cast<'a> {
-        grads: &'a mut GradientsParams,
-        out: GradientsParams,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Cast<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-                let dtype = param.val().dtype();
-                let g = if g.dtype() == dtype { g } else { g.cast(dtype) };
-                self.out.register::<B::InnerBackend, D>(param.id, g);
-            }
-        }
-    }
-    let mut cast = Cast {
-        grads: &mut grads,
-        out: GradientsParams::new(),
-    };
-    model.visit(&mut cast);
-    cast.out
 }
 
 /// Per response token: log-prob of the token and entropy of the distribution, `[b, T]`.

@@ -209,6 +209,32 @@ impl Built {
         out
     }
 
+    /// f32 values of trainable weights (master weights) each local replica holds: the policy's
+    /// own first, then its copies' (by local replica index).
+    pub fn master_values(&self) -> Vec<usize> {
+        use burn::module::{Module, ModuleVisitor, Param};
+        use burn::prelude::{Backend, Tensor};
+        struct Masters(usize);
+        impl<B: Backend> ModuleVisitor<B> for Masters {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let v = param.val();
+                if v.is_require_grad() && v.dtype() == burn::tensor::DType::F32 {
+                    self.0 += v.shape().num_elements();
+                }
+            }
+        }
+        let count = |m: &flowrl_models::Model<flowrl_nodes::backend::CpuBackend>| {
+            let mut c = Masters(0);
+            m.visit(&mut c);
+            c.0
+        };
+        let m = self.resources.get::<ModelResource>("policy").unwrap();
+        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        let mut out = vec![count(&s.model)];
+        out.extend(s.copies.iter().flatten().map(|c| count(&c.model)));
+        out
+    }
+
     /// The weights of the policy's copies on its other replicas, each as [`Built::model_values`]
     /// lists them.
     pub fn copies_values(&self) -> Vec<Vec<f32>> {

@@ -36,7 +36,6 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
-use burn::optim::GradientsAccumulator;
 use flowrl_algorithms::{GlobalBatchInfo, LossAggMode, compute_value_loss, masked_mean};
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
@@ -57,6 +56,7 @@ use crate::resources::model::{ModelResource, compute_view};
 use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
 use crate::train::checkpoint::CheckpointingParams;
+use crate::train::grad_sum::GradSum;
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::optim::LrSchedule;
 use crate::train::replicated::replicated_step;
@@ -278,9 +278,9 @@ impl CriticUpdateNode {
         for _ in 0..self.p.ppo_epochs {
             for mini in rows.chunks(mini_rows) {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
-                let compute = |critic: &ValueModel<B>, mine: &[usize]| {
+                let compute = |critic: &ValueModel<B>, mine: &[usize], sum: GradSum| {
                     self.mini_batch_grads(
-                        critic, precision, rollouts, values, adv, &info, mine, micro,
+                        critic, precision, rollouts, values, adv, &info, mine, micro, sum,
                     )
                 };
                 let (outcome, stats) =
@@ -340,9 +340,9 @@ impl CriticUpdateNode {
         info: &GlobalBatchInfo,
         mine: &[usize],
         micro: MicroBatching,
+        mut sum: GradSum,
     ) -> Result<PartialStep> {
         let device = device_of(&critic.model);
-        let mut acc = GradientsAccumulator::<ValueModel<B>>::new();
         let mut sums = [0.0; 4];
         for micro in micro.split(rollouts, mine) {
             let micro = micro.as_slice();
@@ -378,11 +378,10 @@ impl CriticUpdateNode {
                     stats: sums.to_vec(),
                 });
             }
-            let grads = trunk.backward(out.vf_loss, critic, &critic.model);
-            acc.accumulate::<B>(critic, grads);
+            trunk.backward_into(out.vf_loss, critic, &mut sum);
         }
         Ok(PartialStep {
-            grads: Some(acc.grads()),
+            grads: Some(sum.finish()),
             stats: sums.to_vec(),
         })
     }

@@ -56,7 +56,6 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
-use burn::optim::GradientsAccumulator;
 use burn::prelude::Tensor;
 use flowrl_algorithms::{
     ClipConfig, ClipCovConfig, GlobalBatchInfo, KlCovConfig, KlEstimator, LossAggMode,
@@ -83,6 +82,7 @@ use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
 use crate::train::checkpoint::CheckpointingParams;
+use crate::train::grad_sum::GradSum;
 use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
 use crate::train::optim::LrSchedule;
 use crate::train::replicated::replicated_step;
@@ -506,13 +506,13 @@ impl PpoUpdateNode {
                 let info = global_batch_info(rollouts, mini, &self.replicas);
                 let mini_seed = derive_seed(dropout_base, (epoch * b + k) as u64, "mini-batch");
                 let loss_seed = derive_seed(loss_base, (epoch * b + k) as u64, "mini-batch");
-                let compute = |model: &flowrl_models::Model<B>, mine: &[usize]| {
+                let compute = |model: &flowrl_models::Model<B>, mine: &[usize], sum: GradSum| {
                     // LoRA dropout masks: one stream per (step, epoch, mini-batch, replica shard).
                     let first = mine.first().map_or(u64::MAX, |&r| r as u64);
                     let _scope = DropoutScope::enter(derive_seed(mini_seed, first, "rows"));
                     self.mini_batch_grads(
                         model, precision, rollouts, adv, old, reference, &info, mine, micro,
-                        loss_seed,
+                        loss_seed, sum,
                     )
                 };
                 let (outcome, stats) =
@@ -587,9 +587,9 @@ impl PpoUpdateNode {
         mine: &[usize],
         micro: MicroBatching,
         loss_seed: u64,
+        mut sum: GradSum,
     ) -> Result<PartialStep> {
         let device = device_of(model);
-        let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
         let mut sums = MicroSums::default();
         let mut finite = true;
         let loss = self.loss;
@@ -600,7 +600,7 @@ impl PpoUpdateNode {
             // Two-stage backward on one view of the weights in `precision` (a fresh one per
             // micro-batch: a backward consumes the graph of the casts); the gradients land on
             // `model`'s weights and at most one LM-head chunk of logits is alive at a time.
-            let out = seq.loss_gradients(
+            let out = seq.loss_gradients_into(
                 model,
                 precision,
                 self.p.checkpointing.gradient_checkpointing,
@@ -634,6 +634,7 @@ impl PpoUpdateNode {
                     sums.ppo_kl += metric(parts.policy.ppo_kl);
                     Ok(parts.loss)
                 },
+                &mut sum,
             )?;
             sums.entropy += scalar(masked_mean(out.values.entropy, mask));
             sums.count += 1.0;
@@ -641,12 +642,9 @@ impl PpoUpdateNode {
                 finite = false;
                 break;
             }
-            if let Some(grads) = out.grads {
-                acc.accumulate::<B>(model, grads);
-            }
         }
         Ok(PartialStep {
-            grads: finite.then(|| acc.grads()),
+            grads: finite.then(|| sum.finish()),
             stats: sums.to_vec(),
         })
     }

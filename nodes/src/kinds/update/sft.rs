@@ -22,7 +22,6 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use burn::optim::GradientsAccumulator;
 use burn::prelude::{Backend, Tensor};
 use flowrl_algorithms::{GlobalBatchInfo, LossAggMode, agg_loss};
 use flowrl_engine::{
@@ -42,6 +41,7 @@ use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
 use crate::train::checkpoint::CheckpointingParams;
+use crate::train::grad_sum::GradSum;
 use crate::train::optim::LrSchedule;
 use crate::train::replicated::replicated_step;
 use crate::train::sequences::SequenceBatch;
@@ -234,12 +234,11 @@ impl SftNode {
         let info = global_batch_info(batch, &rows, &self.replicas);
         let precision = state.precision;
         let dropout_base = ctx.derive_seed("lora.dropout");
-        let step = |model: &flowrl_models::Model<B>, mine: &[usize]| {
+        let step = |model: &flowrl_models::Model<B>, mine: &[usize], mut sum: GradSum| {
             // LoRA dropout masks: one stream per (step, replica shard).
             let first = mine.first().map_or(u64::MAX, |&r| r as u64);
             let _scope = DropoutScope::enter(derive_seed(dropout_base, first, "rows"));
             let device = device_of(model);
-            let mut acc = GradientsAccumulator::<flowrl_models::Model<B>>::new();
             let mut total = 0.0;
             for chunk in mine.chunks(micro) {
                 let seq = SequenceBatch::new(batch, chunk)?;
@@ -247,7 +246,7 @@ impl SftNode {
                 // Two-stage backward on one view of the weights in `precision` (a fresh one per
                 // micro-batch: a backward consumes the graph of the casts); the gradients land
                 // on `model`'s weights and at most one LM-head chunk of logits is alive at a time.
-                let out = seq.loss_gradients(
+                let out = seq.loss_gradients_into(
                     model,
                     precision,
                     self.p.checkpointing.gradient_checkpointing,
@@ -255,18 +254,18 @@ impl SftNode {
                     self.p.chunk.unwrap_or(B::LM_HEAD_CHUNK),
                     &device,
                     |log_probs, _entropy| sft_loss(log_probs, mask, &info),
+                    &mut sum,
                 )?;
                 total += out.loss;
-                let Some(grads) = out.grads.filter(|_| out.loss.is_finite()) else {
+                if !out.loss.is_finite() {
                     return Ok(PartialStep {
                         grads: None,
                         stats: vec![total],
                     });
-                };
-                acc.accumulate::<B>(model, grads);
+                }
             }
             Ok(PartialStep {
-                grads: Some(acc.grads()),
+                grads: Some(sum.finish()),
                 stats: vec![total],
             })
         };
