@@ -14,8 +14,9 @@
 # all of it), never the time reserved for the steps after it:
 #   setup      10  GPU, driver (R580+ for CUDA 13 PTX), toolkit headers (CUDA_PATH), NVRTC,
 #                  NCCL, the kernel caches, which precision parameter the build has
-#   micro      60  bench-gpu-micro: µs per launch, device -> host read bandwidth, the first
-#                  forward/backward's compile + autotune time, bf16 GEMM TFLOP/s at the 3B's shapes
+#   micro      60  bench-gpu-micro: NCCL loaded by its soname and a one-rank all-reduce on the
+#                  GPU, µs per launch, device -> host read bandwidth, the first forward/backward's
+#                  compile + autotune time, bf16 GEMM TFLOP/s at the 3B's shapes
 #   3b        240  bench/gpu/grpo_3b.toml: GRPO steps of a Qwen2.5-VL-3B-sized random model
 #   then whatever is left, in this order:
 #   fixtures   30  models/tests/cuda.rs (fixture parity, flowrl's kernels), --test-threads 1
@@ -106,7 +107,7 @@ ORDER=(setup micro 3b fixtures default prep bench_flowrl bench_ref 3b_lora)
 declare -A BUDGET=([setup]=10 [micro]=60 [3b]=240 [fixtures]=30 [default]=20 [prep]=5 [bench_flowrl]=15 [bench_ref]=15 [3b_lora]=15)
 declare -A TITLE=(
   [setup]="setup: GPU, driver, CUDA toolkit, caches, Python modules, precision parameter"
-  [micro]="1. micro-benchmarks (bench-gpu-micro): launch, read, first pass, GEMMs"
+  [micro]="1. micro-benchmarks (bench-gpu-micro): NCCL, launch, read, first pass, GEMMs"
   [3b]="2. GRPO step of a Qwen2.5-VL-3B-sized random model"
   [fixtures]="3. fixture parity and kernel checks on CUDA (models/tests/cuda.rs)"
   [default]="4. default graph, 20 steps on cuda"

@@ -36,6 +36,13 @@
 //!    autotune key, unless the caches hold it) and the steady time over enough repetitions for
 //!    ~0.25 s.
 //!
+//! 6. **nccl** (CUDA only, measured right after the `info` record since it takes a second):
+//!    NCCL loaded as the run loads it (`flowrl_nodes::runtime::collective::nccl`: by its soname
+//!    `libnccl.so.2`, or from a pip wheel), a communicator of one rank on the device, and a
+//!    bucketed in-place all-reduce of 96 MB (two buckets) on a CUDA stream: its time, and that
+//!    the values came back unchanged (the sum over one rank). Without NCCL the record carries the
+//!    loader's one-line error, which names the package to install.
+//!
 //! Sections 4 and 5 start no new measurement (a first-pass phase, a GEMM) once `--budget-s`
 //! seconds have passed since start; a `skipped` record says so.
 //!
@@ -129,7 +136,7 @@ mod micro {
                     println!(
                         "usage: bench-gpu-micro [--device cuda|vulkan] [--budget-s S] [--jsonl FILE] \
                          [--small|--full] [--dtype f32|bf16|f16] [--model-config PATH] [--layers N] \
-                         [--rows N] [--vocab N] [--skip launch,read,elementwise,gemm,first_pass]\n\
+                         [--rows N] [--vocab N] [--skip nccl,launch,read,elementwise,gemm,first_pass]\n\
                          built with: {}",
                         super::built_with()
                     );
@@ -264,6 +271,18 @@ mod micro {
             "cwd": std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default(),
         }));
         let wants = |s: &str| !args.skip.iter().any(|k| k == s);
+        #[cfg(feature = "cuda")]
+        if wants("nccl") && args.device.starts_with("cuda") {
+            let ordinal = args
+                .device
+                .split(':')
+                .nth(1)
+                .and_then(|i| i.parse().ok())
+                .unwrap_or(0);
+            if let Err(e) = nccl(ordinal, &mut rep) {
+                rep.emit(json!({"bench": "nccl", "error": format!("{e:#}")}));
+            }
+        }
         if wants("launch") {
             launch::<Gpu<R>>(&device, &mut rep)?;
         }
@@ -292,6 +311,55 @@ mod micro {
         }
         println!();
         print!("{}", markdown(&rep.records));
+        Ok(())
+    }
+
+    /// Section 6 of the module doc: NCCL by soname, one rank, a bucketed all-reduce.
+    #[cfg(feature = "cuda")]
+    fn nccl(ordinal: usize, rep: &mut Report) -> Result<()> {
+        use cudarc::driver::{CudaContext, DevicePtr};
+        use flowrl_nodes::runtime::collective::nccl::{BUCKET_VALUES, Nccl};
+        let nccl = Nccl::get()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
+        ctx.bind_to_thread()
+            .map_err(|e| anyhow::anyhow!("CUDA context: {e:?}"))?;
+        let stream = ctx.default_stream();
+        let n = 3 * BUCKET_VALUES / 2;
+        let host: Vec<f32> = (0..n).map(|i| (i % 4093) as f32 * 0.5).collect();
+        let cuda = |e: cudarc::driver::DriverError| anyhow::anyhow!("CUDA: {e:?}");
+        let buf = stream.clone_htod(&host).map_err(cuda)?;
+        let id = nccl.unique_id()?;
+        let t = Instant::now();
+        let mut comm = nccl.communicator(&id, 1, 0)?;
+        let init_s = t.elapsed().as_secs_f64();
+        let raw = stream.cu_stream() as *mut std::ffi::c_void;
+        let mut times = Vec::new();
+        {
+            let (ptr, _sync) = buf.device_ptr(&stream);
+            for _ in 0..4 {
+                let t = Instant::now();
+                // SAFETY: `buf` holds `n` f32 values on this device until the stream has run.
+                unsafe { comm.all_reduce_sum_f32(ptr, ptr, n, raw)? };
+                stream.synchronize().map_err(cuda)?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let back = stream.clone_dtoh(&buf).map_err(cuda)?;
+        if back != host {
+            bail!("a one-rank all-reduce changed the values");
+        }
+        let ms = median(times[1..].to_vec()) * 1e3;
+        let mb = 4.0 * n as f64 / 1e6;
+        rep.emit(json!({
+            "bench": "nccl",
+            "library": nccl.path,
+            "version": nccl.version_text(),
+            "ranks": comm.world(),
+            "mb": round(mb, 1),
+            "init_s": round(init_s, 3),
+            "ms": round(ms, 3),
+            "gb_s": round(mb / ms, 1),
+        }));
         Ok(())
     }
 
@@ -682,6 +750,18 @@ mod micro {
                         ""
                     },
                     f(&r["s"])
+                ),
+                Some("nccl") if r.get("error").is_some() => {
+                    format!("| NCCL | error: {} |", f(&r["error"]))
+                }
+                Some("nccl") => format!(
+                    "| NCCL {} ({}), {} rank: in-place all-reduce of {} MB, ms (communicator {} s) | {} |",
+                    f(&r["version"]),
+                    f(&r["library"]),
+                    f(&r["ranks"]),
+                    f(&r["mb"]),
+                    f(&r["init_s"]),
+                    f(&r["ms"])
                 ),
                 Some("skipped") => format!("| {} | skipped: {} |", f(&r["what"]), f(&r["reason"])),
                 _ => continue,
