@@ -428,3 +428,43 @@ fn a_sharded_two_process_checkpoint_resumes_in_one_process() {
         "steps 3 and 4 resumed in one process",
     );
 }
+
+/// Processes resuming from checkpoints of different steps are refused at the rendezvous,
+/// naming the steps (they would otherwise train on different weights).
+#[test]
+fn ranks_resuming_from_different_checkpoints_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let outs: Vec<PathBuf> = (0..2)
+        .map(|r| dir.path().join(format!("rank{r}")))
+        .collect();
+    let children: Vec<Child> = (0..2)
+        .map(|r| {
+            let mut c = rank(r, port, &outs[r], "120", "2", true);
+            c.args([
+                "--set",
+                "run.checkpoint_every=1",
+                "--set",
+                "run.keep_checkpoints=2",
+            ]);
+            c.spawn().unwrap()
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        succeeded(r, c.wait_with_output().unwrap());
+    }
+    std::fs::remove_dir_all(outs[1].join("checkpoints/step_000002")).unwrap();
+    let port = free_port();
+    let resumed: Vec<Child> = (0..2)
+        .map(|r| resume_rank(r, port, &outs[r], "3").spawn().unwrap())
+        .collect();
+    for (r, c) in resumed.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "rank {r} resumed:\n{err}");
+        assert!(
+            err.contains("--resume") && err.contains("step 2") && err.contains("step 1"),
+            "rank {r}: {err}"
+        );
+    }
+}

@@ -407,7 +407,7 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
         return Ok(code);
     }
     let cluster = cluster.map(|mut c| {
-        c.fingerprint = fingerprint(&graph_file, a, &graph, resume);
+        c.fingerprint = fingerprint(&graph_file, a, &graph, a.resume.as_deref());
         c
     });
     let opts = RunOptions {
@@ -452,13 +452,22 @@ fn cmd_run(a: &RunArgs, registry: &Registry) -> anyhow::Result<ExitCode> {
 
 /// What every process of a run must agree on (checked at the rendezvous): the graph file's text
 /// with the overrides and steps, the number of devices per process (replica indices depend on
-/// it), and whether it resumes. The devices themselves may differ (`--device cuda:$LOCAL_RANK`).
+/// it), and whether it resumes, from which checkpoint step (`resume`: the run directory). The
+/// devices themselves may differ (`--device cuda:$LOCAL_RANK`).
 fn fingerprint(
     graph_file: &Path,
     a: &RunArgs,
     graph: &Graph,
-    resume: bool,
+    resume: Option<&Path>,
 ) -> Vec<(String, String)> {
+    let resumes = match resume {
+        None => "no".to_string(),
+        Some(dir) => match RunDir::open(dir).and_then(|d| d.resume_point()) {
+            Ok(Some(point)) => format!("from the checkpoint of step {}", point.completed_steps),
+            Ok(None) => "from step 1 (no checkpoint yet)".to_string(),
+            Err(e) => format!("from an unusable run directory ({e:#})"),
+        },
+    };
     let mut hash = crc32fast::Hasher::new();
     hash.update(&std::fs::read(graph_file).unwrap_or_default());
     for s in &a.input.set {
@@ -475,7 +484,7 @@ fn fingerprint(
             "devices per process".into(),
             graph.devices.len().to_string(),
         ),
-        ("--resume".into(), resume.to_string()),
+        ("--resume".into(), resumes),
     ]
 }
 

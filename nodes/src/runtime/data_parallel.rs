@@ -35,7 +35,7 @@ use flowrl_engine::{Cluster, DeviceSpec, Placement};
 
 use crate::runtime::backend::BackendKind;
 use crate::runtime::collective::local::{Aborted, Deposit, LocalGroup, sum_in_order};
-use crate::runtime::collective::tcp::{JoinConfig, TcpGroup};
+use crate::runtime::collective::tcp::{GroupError, JoinConfig, TcpGroup};
 
 /// How long replicas of one process wait for each other when no cluster timeout is given.
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(600);
@@ -474,29 +474,25 @@ pub fn gather_to_rank_zero(
     mine: &[f32],
     counts: &[usize],
 ) -> Result<Option<Vec<f32>>> {
-    let joined = SESSION.lock().unwrap_or_else(|e| e.into_inner());
-    let j = joined
-        .as_ref()
-        .context("gathering at rank 0 before this process joined the run's processes")?;
-    j.group
-        .gather_to_root(label, mine, counts)
-        .map_err(|e| anyhow!("{e}"))
+    with_joined(|g| g.gather_to_root(label, mine, counts))
 }
 
-/// Outside the nodes' operations (a checkpoint): the processes' `mine` concatenated in rank
-/// order (`counts`: one per process), on every process.
+/// [`gather_to_rank_zero`] answered to every process.
 pub fn all_gather_across_processes(
     label: &str,
     mine: &[f32],
     counts: &[usize],
 ) -> Result<Vec<f32>> {
+    with_joined(|g| g.all_gather(label, mine, counts))
+}
+
+/// `op` on the link to the run's other processes, outside any node's operation.
+fn with_joined<T>(op: impl FnOnce(&TcpGroup) -> Result<T, GroupError>) -> Result<T> {
     let joined = SESSION.lock().unwrap_or_else(|e| e.into_inner());
     let j = joined
         .as_ref()
-        .context("gathering across processes before this process joined the run's processes")?;
-    j.group
-        .all_gather(label, mine, counts)
-        .map_err(|e| anyhow!("{e}"))
+        .context("a collective across processes before this process joined the run's processes")?;
+    op(&j.group).map_err(|e| anyhow!("{e}"))
 }
 
 /// Joins the run's processes at rank 0 (`Cluster::master`). From then on a failure of another

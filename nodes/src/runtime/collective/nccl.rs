@@ -273,23 +273,11 @@ impl Communicator {
         count: usize,
         stream: Stream,
     ) -> Result<()> {
-        for (start, len) in buckets(count) {
-            let (s, r) = (offset(send, start), offset(recv, start));
+        let (api, comm) = (&self.nccl.api, self.comm);
+        self.bucketed(send, recv, count, "ncclAllReduce", |s, r, len| {
             // SAFETY: as this function's contract.
-            let code = unsafe {
-                (self.nccl.api.all_reduce)(
-                    s,
-                    r as *mut c_void,
-                    len,
-                    NCCL_FLOAT32,
-                    NCCL_SUM,
-                    self.comm,
-                    stream,
-                )
-            };
-            self.nccl.check(code, "ncclAllReduce")?;
-        }
-        Ok(())
+            unsafe { (api.all_reduce)(s, r, len, NCCL_FLOAT32, NCCL_SUM, comm, stream) }
+        })
     }
 
     /// `recv` = this rank's `recv_count` values of the element-wise sum of every rank's `send`
@@ -358,21 +346,25 @@ impl Communicator {
         root: usize,
         stream: Stream,
     ) -> Result<()> {
-        for (start, len) in buckets(count) {
-            let (s, r) = (offset(send, start), offset(recv, start));
+        let (api, comm) = (&self.nccl.api, self.comm);
+        self.bucketed(send, recv, count, "ncclBroadcast", |s, r, len| {
             // SAFETY: as this function's contract.
-            let code = unsafe {
-                (self.nccl.api.broadcast)(
-                    s,
-                    r as *mut c_void,
-                    len,
-                    NCCL_FLOAT32,
-                    root as c_int,
-                    self.comm,
-                    stream,
-                )
-            };
-            self.nccl.check(code, "ncclBroadcast")?;
+            unsafe { (api.broadcast)(s, r, len, NCCL_FLOAT32, root as c_int, comm, stream) }
+        })
+    }
+
+    /// `call(send, recv, len)` for each bucket of a flat buffer of `count` values.
+    fn bucketed(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        what: &str,
+        call: impl Fn(*const c_void, *mut c_void, usize) -> c_int,
+    ) -> Result<()> {
+        for (start, len) in buckets(count) {
+            let code = call(offset(send, start), offset(recv, start) as *mut c_void, len);
+            self.nccl.check(code, what)?;
         }
         Ok(())
     }

@@ -885,7 +885,32 @@ impl TcpGroup {
         mine: &[f32],
         counts: &[usize],
     ) -> Result<Vec<f32>, GroupError> {
-        let what = format!("all_gather `{label}`");
+        self.gather("all_gather", label, mine, counts, true)
+    }
+
+    /// [`TcpGroup::all_gather`] whose answer only rank 0 receives (`Some`; the others `None`
+    /// once rank 0 has it): how one rank collects what is written once, without sending it back.
+    pub fn gather_to_root(
+        &self,
+        label: &str,
+        mine: &[f32],
+        counts: &[usize],
+    ) -> Result<Option<Vec<f32>>, GroupError> {
+        let all = self.gather("gather_to_root", label, mine, counts, false)?;
+        Ok((self.rank() == 0).then_some(all))
+    }
+
+    /// The concatenation of every rank's `mine`, answered to every rank (`to_all`) or to rank
+    /// 0 only (the others get nothing).
+    fn gather(
+        &self,
+        op: &str,
+        label: &str,
+        mine: &[f32],
+        counts: &[usize],
+        to_all: bool,
+    ) -> Result<Vec<f32>, GroupError> {
+        let what = format!("{op} `{label}`");
         self.check_counts(&what, counts)?;
         if mine.len() != counts[self.rank()] {
             let problem = format!(
@@ -904,44 +929,13 @@ impl TcpGroup {
             |rows| {
                 let mut all = mine.to_vec();
                 rows[1..].iter().for_each(|row| all.extend_from_slice(row));
-                Answer::to_all(all, world)
-            },
-        )
-    }
-
-    /// [`TcpGroup::all_gather`] whose answer only rank 0 receives (`Some`; the others `None`
-    /// once rank 0 has it): how one rank collects what is written once, without sending it back.
-    pub fn gather_to_root(
-        &self,
-        label: &str,
-        mine: &[f32],
-        counts: &[usize],
-    ) -> Result<Option<Vec<f32>>, GroupError> {
-        let what = format!("gather_to_root `{label}`");
-        self.check_counts(&what, counts)?;
-        if mine.len() != counts[self.rank()] {
-            let problem = format!(
-                "this rank passes {} values but counts[{}] is {}",
-                mine.len(),
-                self.rank(),
-                counts[self.rank()]
-            );
-            return Err(self.invalid(&what, problem));
-        }
-        let world = self.world();
-        let all = self.exchange(
-            &what,
-            &format!("{what} with counts {counts:?}"),
-            mine,
-            |rows| {
-                let mut all = mine.to_vec();
-                rows[1..].iter().for_each(|row| all.extend_from_slice(row));
-                let mut parts = vec![0..0; world];
-                parts[0] = 0..all.len();
+                let mut parts = vec![0..all.len(); world];
+                if !to_all {
+                    parts[1..].fill(0..0);
+                }
                 Answer { values: all, parts }
             },
-        )?;
-        Ok((self.rank() == 0).then_some(all))
+        )
     }
 
     /// Every rank passes a full buffer (`counts.iter().sum()` values); returns rank r's segment
