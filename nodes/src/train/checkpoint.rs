@@ -141,23 +141,12 @@ pub fn checkpointed_trunk<B: AutodiffBackend>(
 }
 
 impl<B: AutodiffBackend> TrunkBackward<B> {
-    /// The gradients of `surrogate` (a scalar whose graph reaches the hidden states of the
-    /// trunk forward this came from) with respect to `module`'s parameters; `model` is the
-    /// trunk's model inside `module` (`module` itself, or a critic's trunk under its head).
+    /// Adds to `sum` the gradients of `surrogate` (a scalar whose graph reaches the hidden
+    /// states of the trunk forward this came from) with respect to `module`'s parameters
+    /// (`module`: the trunk's model, or a critic with its trunk under its head), as they come:
+    /// the whole trunk's at once through the forward's graph, or segment by segment when
+    /// recomputed (the device then holds one segment's gradients at a time beside `sum`'s).
     pub fn backward<M: AutodiffModule<B>>(
-        self,
-        surrogate: Tensor<B, 1>,
-        module: &M,
-    ) -> GradientsParams {
-        let mut sum = GradSum::on_device();
-        self.backward_into(surrogate, module, &mut sum);
-        sum.into_device()
-    }
-
-    /// [`Self::backward`] adding the gradients to `sum` as they come: the whole trunk's at once
-    /// through the forward's graph, or segment by segment when recomputed (the device then holds
-    /// one segment's gradients at a time beside `sum`'s).
-    pub fn backward_into<M: AutodiffModule<B>>(
         self,
         surrogate: Tensor<B, 1>,
         module: &M,

@@ -56,24 +56,13 @@ impl GradSum {
         }
     }
 
-    /// A sum kept on the host, over `module`'s trainable parameters (the module the step
-    /// trains: every later [`GradSum::add`] names it).
-    pub fn on_host<B: AutodiffBackend, M: Module<B>>(module: &M) -> Self {
-        struct Sizes(Vec<usize>);
-        impl<B: AutodiffBackend> ModuleVisitor<B> for Sizes {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-                let value = param.val();
-                if value.is_require_grad() {
-                    self.0.push(value.shape().num_elements());
-                }
-            }
-        }
-        let mut sizes = Sizes(Vec::new());
-        module.visit(&mut sizes);
+    /// A sum kept on the host, over trainable parameters of `sizes` values each, in module
+    /// order (the layout of the module the step trains: every later [`GradSum::add`] names it).
+    pub fn on_host(sizes: &[usize]) -> Self {
         GradSum {
             inner: Inner::Host(HostGrads {
-                values: vec![0.0; sizes.0.iter().sum()],
-                present: vec![false; sizes.0.len()],
+                values: vec![0.0; sizes.iter().sum()],
+                present: vec![false; sizes.len()],
             }),
         }
     }

@@ -164,21 +164,32 @@ pub fn replicated_step<B: FlowBackend, M: Trained<B>>(
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let mut module = M::of(&slot)?;
+        // The trainable parameters and their owners, once per step.
+        let layout = Layout::of(&module);
+        let owner = owners(&layout.numels, sharding.world);
         if sharding.masters {
-            module = hold_own_masters(module, r.index, sharding.world, compute_dtype);
+            module = hold_own_masters(module, &owner, r.index, compute_dtype);
         }
         let mine = &rows[shard(rows.len(), r.world, r.index)];
         // Several replicas exchange host vectors: the gradients go there as they come.
         let sum = if r.world == 1 {
             GradSum::on_device()
         } else {
-            GradSum::on_host(&module)
+            GradSum::on_host(&layout.numels)
         };
         let partial = compute(&module, mine, sum)?;
         let opt = slot.optimizer.get_or_insert_with(|| AdamW::new(config));
         opt.config = config;
-        let (module, outcome, stats) =
-            step_on_replica(r, module, opt, optim, sharding, lr, partial)?;
+        let (module, outcome, stats) = step_on_replica(
+            r,
+            module,
+            (&layout, &owner),
+            opt,
+            optim,
+            sharding,
+            lr,
+            partial,
+        )?;
         module.put(&mut slot);
         Ok((outcome, stats))
     });
@@ -198,9 +209,11 @@ pub fn replicated_step<B: FlowBackend, M: Trained<B>>(
 }
 
 /// Steps 2–5 of the module doc on one replica.
+#[allow(clippy::too_many_arguments)]
 fn step_on_replica<B: FlowBackend, M: Trained<B>>(
     r: &Replica<'_>,
     module: M,
+    (layout, owner): (&Layout, &[usize]),
     opt: &mut AdamW<B>,
     optim: &OptimParams,
     sharding: Sharding,
@@ -220,10 +233,8 @@ fn step_on_replica<B: FlowBackend, M: Trained<B>>(
             }
         };
     }
-    let layout = Layout::of(&module);
-    let owner = owners(&layout.numels, sharding.world);
-    let segments = segments(&layout.numels, &owner, sharding.world);
-    let flat = flatten(&module, &layout, partial);
+    let segments = segments(&layout.numels, owner, sharding.world);
+    let flat = flatten(&module, layout, partial);
     let (grads, meta) = match sharding.stage {
         0 | 1 => {
             let mut all = r.all_reduce_sum(flat)?;
@@ -691,17 +702,17 @@ fn write_values<B: FlowBackend, M: Module<B>>(
     })
 }
 
-/// `module` as replica `replica` of `world` holds it when the masters are sharded: the
-/// trainable parameters of its backbone that it owns ([`owners`]) stay f32 masters; the others
-/// become new leaves in `dtype`, the compute precision (a no-op for those already in it). The
+/// `module` as replica `replica` holds it when the masters are sharded (`owner`: each trainable
+/// parameter's replica, [`owners`]): the trainable parameters of its backbone that it owns stay
+/// f32 masters; the others become new leaves in `dtype`, the compute precision (a no-op for those already in it). The
 /// forward view ([`crate::resources::model::compute_view`]) casts every backbone weight to
 /// `dtype`, so the forward computes with the same values; the gradient a weight held in `dtype`
 /// receives, widened to f32 ([`GradSum`]), is the one its master would have received through the
 /// cast. A value model's head stays f32 on every replica (its forward is f32).
 fn hold_own_masters<B: FlowBackend, M: Trained<B>>(
     module: M,
+    owner: &[usize],
     replica: usize,
-    world: usize,
     dtype: DType,
 ) -> M {
     struct Hold<'a> {
@@ -727,11 +738,9 @@ fn hold_own_masters<B: FlowBackend, M: Trained<B>>(
             Param::from_mapped_value(id, held, mapper)
         }
     }
-    let layout = Layout::of(&module);
     let backbone = Layout::of(module.backbone()).numels.len();
-    let owner = owners(&layout.numels, world);
     module.map(&mut Hold {
-        owner: &owner,
+        owner,
         backbone,
         index: 0,
         replica,

@@ -692,7 +692,7 @@ where
 
     // The trunk: Σ response_hidden ⊙ G has the gradient G with respect to response_hidden.
     let g = Tensor::<B, 3>::from_inner(Tensor::cat(hidden_grads, 1));
-    trunk.backward_into((response_hidden * g).sum(), model, sum);
+    trunk.backward((response_hidden * g).sum(), model, sum);
     Ok(pass)
 }
 

@@ -378,7 +378,7 @@ impl CriticUpdateNode {
                     stats: sums.to_vec(),
                 });
             }
-            trunk.backward_into(out.vf_loss, critic, &mut sum);
+            trunk.backward(out.vf_loss, critic, &mut sum);
         }
         Ok(PartialStep {
             grads: Some(sum.finish()),
