@@ -262,7 +262,7 @@ fn step_on_replica<B: FlowBackend, M: Trained<B>>(
         let offset = segments[..r.index].iter().sum();
         unflatten(
             &module,
-            &layout,
+            layout,
             &grads,
             offset,
             &own,
@@ -272,7 +272,7 @@ fn step_on_replica<B: FlowBackend, M: Trained<B>>(
     } else {
         unflatten(
             &module,
-            &layout,
+            layout,
             &grads,
             0,
             &vec![true; params],
