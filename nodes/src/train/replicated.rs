@@ -294,9 +294,9 @@ fn step_on_replica<B: FlowBackend, M: Trained<B>>(
     };
     let (mut module, outcome) = clip_and_step(module, opt, optim, lr, grads, norm, keep)?;
     if outcome.applied && stage > 0 {
-        let mine = owned_values(&module, &layout, &owner, r.index);
+        let mine = owned_values(&module, layout, owner, r.index);
         let all = r.all_gather(mine, &segments)?;
-        module = write_values(module, &layout, &owner, r.index, &all, false);
+        module = write_values(module, layout, owner, r.index, &all, false);
     }
     Ok((module, outcome, stats))
 }
