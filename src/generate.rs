@@ -399,6 +399,7 @@ fn generate(args: &GenerateArgs) -> Result<(), Failure> {
         uid: "generate".into(),
         input_ids: encoded.input_ids,
         images: encoded.images,
+        pictures: images.into_iter().map(Arc::new).collect(),
         messages,
         text: encoded.text,
         ground_truth: String::new(),

@@ -103,9 +103,13 @@ pub struct Prompt {
     /// Processed pictures and videos, in `<image>`/`<video>` placeholder order (a video has
     /// [`ProcessedImage::video`] set).
     pub images: Vec<ProcessedImage>,
-    /// The file's messages (for logs).
+    /// The prompt's pictures as decoded (after verl's pre-processor resize when the dataset
+    /// applies it), in `<image>` order, before the image processor: what tools that look at
+    /// the picture (crop, zoom, rotate) work on.
+    pub pictures: Vec<Arc<RgbImage>>,
+    /// The file's messages (multi-turn rollouts continue the conversation from them).
     pub messages: Vec<ChatMessage>,
-    /// The rendered chat template before expansion (for logs).
+    /// The rendered chat template before expansion.
     pub text: String,
     pub ground_truth: String,
     pub data_source: String,
@@ -562,6 +566,7 @@ impl PromptDataset {
                 .encoder
                 .process_videos(&decode_row_videos(row, &self.options.read)?)
                 .map_err(|e| cell(&cols.video_key, "videos", format!("{e:#}")))?;
+            let mut pictures = Vec::with_capacity(row.images.len());
             if !row.images.is_empty() {
                 let processor = self
                     .encoder
@@ -569,12 +574,13 @@ impl PromptDataset {
                     .as_ref()
                     .expect("rows with images were encoded with a processor");
                 for (k, img) in decode_row_images(row, &self.options.read)?
-                    .iter()
+                    .into_iter()
                     .enumerate()
                 {
-                    images.push(processor.process(img).map_err(|e| {
+                    images.push(processor.process(&img).map_err(|e| {
                         cell(&cols.image_key, "images", format!("image {k}: {e:#}"))
                     })?);
+                    pictures.push(Arc::new(img));
                 }
             }
             let images = crate::encoder::interleave(&row.messages, images, videos)?;
@@ -582,6 +588,7 @@ impl PromptDataset {
                 uid: uid.clone(),
                 input_ids: rec.input_ids.clone(),
                 images,
+                pictures,
                 messages: row.messages.clone(),
                 text: rec.text.clone(),
                 ground_truth: row.ground_truth.clone(),

@@ -25,6 +25,7 @@ pub mod kinds;
 pub mod resources;
 pub mod runtime;
 pub mod sizing;
+pub mod tools;
 pub mod train;
 pub mod values;
 

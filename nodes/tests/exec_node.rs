@@ -54,6 +54,7 @@ fn rollouts(repeat: usize) -> RolloutBatch {
         data_source: vec!["test".into(); b],
         response_text: RESPONSES.iter().map(|r| r.0.repeat(repeat)).collect(),
         truncated: vec![false; b],
+        trajectories: Vec::new(),
     }
 }
 

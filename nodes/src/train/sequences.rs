@@ -28,6 +28,8 @@
 //!
 //! The `n` responses of one prompt share its images: the vision tower runs once per distinct
 //! image of the batch and its embeddings are gathered per row ([`Model::input_embeddings_shared`]).
+//! A multi-turn response's tool pictures ([`crate::values::Trajectory`]) follow its prompt's
+//! pictures, in the order of their tokens in the response.
 //!
 //! **Padding-free** ([`Layout::PaddingFree`], verl `use_remove_padding`): the sequences
 //! (prompt + response, no padding) are packed one after the other into rows of the longest
@@ -177,6 +179,11 @@ impl SequenceBatch {
                 image_first.push(*first_of.entry((prompt_index, k)).or_insert(images.len()));
                 images.push(image.clone());
             }
+            // A multi-turn response's tool pictures follow its prompt's, each its own.
+            for image in rollouts.response_images(r) {
+                image_first.push(images.len());
+                images.push(image.clone());
+            }
         }
         Ok(Self {
             tokens: PaddedBatch {
@@ -230,7 +237,8 @@ impl SequenceBatch {
         for &r in rows {
             let n = rollouts.prompts.prompts[rollouts.prompt_index[r]]
                 .images
-                .len();
+                .len()
+                + rollouts.response_images(r).len();
             image_ranges.push(next..next + n);
             next += n;
         }

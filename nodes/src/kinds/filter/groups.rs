@@ -272,6 +272,7 @@ mod tests {
                     uid: format!("e0-{g}"),
                     input_ids: vec![1, 2],
                     images: Vec::new(),
+                    pictures: Vec::new(),
                     messages: Vec::new(),
                     text: String::new(),
                     ground_truth: "1".into(),

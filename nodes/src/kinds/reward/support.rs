@@ -193,6 +193,7 @@ pub(crate) mod test_support {
             data_source: vec!["hiyouga/geometry3k".into(); b],
             response_text: texts.iter().map(|s| s.to_string()).collect(),
             truncated: vec![false; b],
+            trajectories: Vec::new(),
         };
         batch.check().unwrap();
         Arc::new(batch)

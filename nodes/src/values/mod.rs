@@ -23,6 +23,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use flowrl_datasets::PromptBatch;
+use flowrl_models::ProcessedImage;
+
+pub mod trajectory;
+pub use trajectory::Trajectory;
 
 /// Port types, as declared by the node kinds and shown in diagnostics, each bound to the Rust type
 /// of the values it carries (a [`Port`](flowrl_engine::Port) of one reads and writes that type).
@@ -125,6 +129,10 @@ pub struct RolloutBatch {
     pub response_text: Vec<String>,
     /// Per response: true when generation stopped at `max_new_tokens` without EOS/stop token.
     pub truncated: Vec<bool>,
+    /// Per response, for multi-turn rollouts: its turns, tool answers and tool pictures
+    /// ([`Trajectory`]); the response mask is then 0 on the tool and template tokens. Empty for
+    /// single-turn rollouts (every response token is the policy's).
+    pub trajectories: Vec<Arc<Trajectory>>,
 }
 
 impl RolloutBatch {
@@ -165,7 +173,19 @@ impl RolloutBatch {
             data_source,
             response_text,
             truncated,
+            trajectories: Vec::new(),
         }
+    }
+
+    /// This batch with the multi-turn structure of its responses (one per response).
+    pub fn with_trajectories(mut self, trajectories: Vec<Arc<Trajectory>>) -> Self {
+        self.trajectories = trajectories;
+        self
+    }
+
+    /// The pictures response `r`'s tools added (after its prompt's, in token order).
+    pub fn response_images(&self, r: usize) -> &[ProcessedImage] {
+        self.trajectories.get(r).map_or(&[], |t| &t.images)
     }
 
     /// Number of responses `B`.
@@ -218,18 +238,33 @@ impl RolloutBatch {
                 "rollout batch: response {i} has {} tokens, more than T = {t}",
                 ids.len()
             );
-            let ones = self
-                .response_mask
-                .row(i)
-                .iter()
-                .filter(|&&m| m > 0.5)
-                .count();
-            anyhow::ensure!(
-                ones == ids.len(),
-                "rollout batch: response {i} has {} tokens but {ones} mask ones",
-                ids.len()
-            );
+            let row = self.response_mask.row(i);
+            match self.trajectories.get(i) {
+                None => {
+                    let ones = row.iter().filter(|&&m| m > 0.5).count();
+                    anyhow::ensure!(
+                        ones == ids.len(),
+                        "rollout batch: response {i} has {} tokens but {ones} mask ones",
+                        ids.len()
+                    );
+                }
+                Some(t) => {
+                    t.check(ids.len())
+                        .map_err(|e| anyhow::anyhow!("rollout batch: response {i}: {e}"))?;
+                    let mut expected = t.mask(ids.len());
+                    expected.resize(row.len(), 0.0);
+                    anyhow::ensure!(
+                        row == expected.as_slice(),
+                        "rollout batch: response {i}'s mask is not 1 on its policy turns and 0 elsewhere"
+                    );
+                }
+            }
         }
+        anyhow::ensure!(
+            self.trajectories.is_empty() || self.trajectories.len() == b,
+            "rollout batch: {} trajectories for {b} responses",
+            self.trajectories.len()
+        );
         Ok(())
     }
 }
@@ -313,6 +348,7 @@ impl ScoreBatch {
         let mut prompt_index = Vec::new();
         let (mut response_ids, mut text, mut truncated) = (Vec::new(), Vec::new(), Vec::new());
         let (mut mask, mut logp) = (Vec::new(), Vec::new());
+        let mut trajectories = Vec::new();
         let mut scores = Vec::new();
         let mut components: BTreeMap<String, Vec<f32>> = first
             .components
@@ -344,6 +380,7 @@ impl ScoreBatch {
                 response_ids.push(r.response_ids[i].clone());
                 text.push(r.response_text[i].clone());
                 truncated.push(r.truncated[i]);
+                trajectories.extend(r.trajectories.get(i).cloned());
                 let pad = t - r.response_len();
                 mask.extend_from_slice(r.response_mask.row(i));
                 mask.extend(std::iter::repeat_n(0.0, pad));
@@ -370,7 +407,8 @@ impl ScoreBatch {
             TokenMatrix::new(logp, b, t)?,
             text,
             truncated,
-        );
+        )
+        .with_trajectories(trajectories);
         rollouts.check()?;
         let out = ScoreBatch {
             rollouts: Arc::new(rollouts),

@@ -33,6 +33,8 @@ use crate::runtime::data_parallel::{Replicas, shard};
 use crate::sizing::{PlannedModel, Prompts, logit_bytes, planned_prompts};
 use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
 
+pub mod multi_turn;
+
 /// The `rollout` kind.
 pub struct RolloutKind;
 
@@ -211,7 +213,7 @@ impl Generation {
 }
 
 /// `GiB` as bytes.
-fn gib_bytes(gib: f64) -> u64 {
+pub(crate) fn gib_bytes(gib: f64) -> u64 {
     (gib * (1u64 << 30) as f64) as u64
 }
 

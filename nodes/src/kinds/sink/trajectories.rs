@@ -1,0 +1,193 @@
+//! `sink.trajectories`: the step's responses as JSONL you can read, with their pictures.
+//!
+//! Every `every` steps (and at the last step) it writes `DIR/step_NNNNNN.jsonl` (`DIR`:
+//! `rollouts` under the run directory by default): one object per response with `uid`,
+//! `sample` (its row), `data_source`, `ground_truth`, `messages` (the prompt's, then per
+//! assistant turn `{"role": "assistant", "content", "tool_calls"}` and per tool answer
+//! `{"role": "tool", "name", "content": [{"type": "image", "image": FILE}..., {"type": "text"}]}`;
+//! image parts name PNG files under `DIR/step_NNNNNN/`, relative to the run directory),
+//! `prompt_length`, `token_ids` (prompt then response, as the model saw them), `loss_mask` (per
+//! response token), `turn_lengths` (tokens per assistant turn), `tool_calls`, `tool_errors`,
+//! `images` (tool pictures), `finish` (`stop`, `length`, `budget`, `max_turns`), `truncated`,
+//! `response_text`, `score` and `score_components`. A single-turn rollout's responses are
+//! written too (one turn, no tools).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use flowrl_datasets::template::multimodal_messages;
+use flowrl_engine::{
+    BuildContext, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params, Port, PortSpec,
+    StepContext,
+};
+use image::RgbImage;
+use serde::Deserialize;
+use serde_json::{Value as Json, json};
+
+use crate::values::{ScoreBatch, port_types};
+
+/// The `sink.trajectories` kind.
+pub struct SinkTrajectories;
+
+const SCORES: Port<ScoreBatch> = Port::new("scores", port_types::SCORES);
+
+#[derive(Deserialize, Params)]
+struct TrajectoriesParams {
+    /// the folder of the files; a relative path is inside the run directory
+    #[param(default = "rollouts")]
+    dir: PathBuf,
+    /// write every N steps (and at the last step)
+    #[param(default = 1, min = 1)]
+    every: u64,
+}
+
+impl NodeKind for SinkTrajectories {
+    fn name(&self) -> &str {
+        "sink.trajectories"
+    }
+
+    fn doc(&self) -> &str {
+        "Writes the step's scored responses as JSONL (messages, tool calls, token ids, loss mask, \
+         turn lengths, score) with their pictures as PNG files."
+    }
+
+    fn inputs(&self) -> Vec<PortSpec> {
+        vec![
+            SCORES
+                .spec()
+                .doc("the scored responses (they carry their rollouts)"),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<PortSpec> {
+        Vec::new()
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        TrajectoriesParams::param_specs()
+    }
+
+    fn footprint(&self, _: &flowrl_engine::PlanCtx) -> Option<flowrl_engine::Footprint> {
+        Some(flowrl_engine::Footprint::default())
+    }
+
+    fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
+        let p: TrajectoriesParams = params.parse()?;
+        let (dir, prefix) = match (&ctx.run_dir, p.dir.is_relative()) {
+            (Some(run), true) => (run.join(&p.dir), format!("{}/", p.dir.display())),
+            _ => (p.dir.clone(), format!("{}/", p.dir.display())),
+        };
+        Ok(Box::new(TrajectoriesNode {
+            dir,
+            prefix,
+            every: p.every,
+        }))
+    }
+}
+
+struct TrajectoriesNode {
+    dir: PathBuf,
+    /// How the JSONL names the folder (relative to the run directory when it is inside).
+    prefix: String,
+    every: u64,
+}
+
+impl Node for TrajectoriesNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        if !(ctx.step() + 1).is_multiple_of(self.every) && !ctx.is_last_step() {
+            return Ok(Outputs::skipped());
+        }
+        let scores = inputs.get_arc(SCORES)?;
+        write_trajectories(&self.dir, &self.prefix, ctx.step() + 1, &scores)?;
+        Ok(Outputs::new())
+    }
+}
+
+/// Writes `dir/step_NNNNNN.jsonl` and the pictures under `dir/step_NNNNNN/` (see the module
+/// doc); the JSONL names the pictures `prefix` + `step_NNNNNN/FILE`.
+pub fn write_trajectories(dir: &Path, prefix: &str, step: u64, scores: &ScoreBatch) -> Result<()> {
+    let rollouts = &scores.rollouts;
+    let stem = format!("step_{step:06}");
+    let pictures_dir = dir.join(&stem);
+    std::fs::create_dir_all(&pictures_dir)
+        .with_context(|| format!("creating {}", pictures_dir.display()))?;
+    let relative = |file: &str| format!("{prefix}{stem}/{file}");
+    let save = |picture: &RgbImage, file: &str| -> Result<String> {
+        let path = pictures_dir.join(file);
+        if !path.exists() {
+            picture
+                .save(&path)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(relative(file))
+    };
+    let mut lines = String::new();
+    for r in 0..rollouts.len() {
+        let pi = rollouts.prompt_index[r];
+        let prompt = &rollouts.prompts.prompts[pi];
+        let trajectory = rollouts.trajectories.get(r);
+        // The prompt's pictures once per prompt, the tools' per response.
+        let mut files = Vec::new();
+        for (k, p) in prompt.pictures.iter().enumerate() {
+            files.push(save(p, &format!("prompt{pi}_image{k}.png"))?);
+        }
+        let mut messages: Vec<Json> =
+            multimodal_messages(&prompt.messages, !prompt.pictures.is_empty())
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+        let mut turn_lengths = Vec::new();
+        if let Some(t) = trajectory {
+            for (k, p) in t.pictures.iter().enumerate() {
+                files.push(save(p, &format!("response{r}_tool_image{k}.png"))?);
+            }
+            messages.extend(t.messages.iter().cloned());
+            turn_lengths = t.policy_segments().map(|s| s.len).collect();
+        }
+        // Name each image part's file, in order.
+        let mut next = files.iter();
+        for m in &mut messages {
+            if let Some(parts) = m.get_mut("content").and_then(Json::as_array_mut) {
+                for part in parts {
+                    if part.get("type").and_then(Json::as_str) == Some("image")
+                        && let Some(f) = next.next()
+                    {
+                        part["image"] = json!(f);
+                    }
+                }
+            }
+        }
+        let ids = &rollouts.response_ids[r];
+        let mut token_ids = rollouts.prompt_ids[r].clone();
+        token_ids.extend_from_slice(ids);
+        let mask: Vec<u8> = rollouts.response_mask.row(r)[..ids.len()]
+            .iter()
+            .map(|&m| u8::from(m > 0.5))
+            .collect();
+        let line = json!({
+            "uid": rollouts.uid[r],
+            "sample": r,
+            "data_source": rollouts.data_source[r],
+            "ground_truth": rollouts.ground_truth[r],
+            "messages": messages,
+            "prompt_length": rollouts.prompt_ids[r].len(),
+            "token_ids": token_ids,
+            "loss_mask": mask,
+            "turn_lengths": turn_lengths,
+            "tool_calls": trajectory.map_or(0, |t| t.tool_calls),
+            "tool_errors": trajectory.map_or(0, |t| t.tool_errors),
+            "finish": trajectory.map(|t| t.finish),
+            "images": trajectory.map_or(0, |t| t.images.len()),
+            "truncated": rollouts.truncated[r],
+            "response_text": rollouts.response_text[r],
+            "score": scores.scores[r],
+            "score_components": scores.components.iter().map(|(k, v)| (k.clone(), json!(v[r]))).collect::<serde_json::Map<_, _>>(),
+        });
+        lines.push_str(&serde_json::to_string(&line)?);
+        lines.push('\n');
+    }
+    let path = dir.join(format!("{stem}.jsonl"));
+    std::fs::write(&path, lines).with_context(|| format!("writing {}", path.display()))
+}
+
+flowrl_engine::register_node_kind!(SinkTrajectories);
