@@ -457,3 +457,62 @@ fn batch_sizes_follow_verls_rule() {
     assert!(g.get("nodes").unwrap().get("eval").is_none());
     validate(&tmp.path().join("graph.toml"), &[]);
 }
+
+/// verl's multi-turn rollout with its tool configuration: the zoom-in tool becomes a crop tool
+/// on the rollout and eval nodes, a tool flowrl does not have is named, and the graph validates.
+#[test]
+fn multi_turn_tools_convert_to_a_multi_turn_rollout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tools = tmp.path().join("tools.yaml");
+    std::fs::write(
+        &tools,
+        "tools:\n  - class_name: verl.tools.image_zoom_in_tool.ImageZoomInTool\n    config: {type: native}\n    tool_schema:\n      type: function\n      function: {name: image_zoom_in_tool, description: zoom}\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {type: native}\n    tool_schema:\n      type: function\n      function: {name: calc_gsm8k_reward}\n",
+    )
+    .unwrap();
+    let input = tmp.path().join("overrides.txt");
+    std::fs::write(
+        &input,
+        format!(
+            "algorithm.adv_estimator=grpo data.train_files=datasets/shapes/train.parquet \
+             data.val_files=datasets/shapes/test.parquet data.image_key=images trainer.test_freq=5 \
+             actor_rollout_ref.rollout.multi_turn.enable=true \
+             actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3 \
+             actor_rollout_ref.rollout.multi_turn.tool_config_path={}\n",
+            tools.display()
+        ),
+    )
+    .unwrap();
+    let (_, table, err) = convert(&input, tmp.path(), &[]);
+    assert_eq!(string(&table, "nodes.rollout.kind"), "rollout.multi_turn");
+    assert_eq!(int(&table, "nodes.rollout.max_turns"), 3);
+    assert_eq!(string(&table, "nodes.rollout.format"), "hermes");
+    for node in ["rollout", "eval"] {
+        let tool = format!("nodes.{node}.tools.image_zoom_in_tool");
+        assert_eq!(string(&table, &format!("{tool}.kind")), "crop");
+        assert_eq!(string(&table, &format!("{tool}.coordinates")), "norm1000");
+    }
+    assert!(
+        err.contains(
+            "tool `calc_gsm8k_reward` (verl.tools.gsm8k_tool.Gsm8kTool) has no flowrl counterpart"
+        ),
+        "{err}"
+    );
+    assert!(
+        get(&table, "nodes.rollout.tools")
+            .as_table()
+            .unwrap()
+            .get("calc_gsm8k_reward")
+            .is_none()
+    );
+    validate(&tmp.path().join("graph.toml"), &[]);
+
+    // Without a tool configuration there is nothing to call: single-turn, with a warning.
+    std::fs::write(
+        &input,
+        "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.multi_turn.enable=true\n",
+    )
+    .unwrap();
+    let (_, table, err) = convert(&input, tmp.path(), &[]);
+    assert_eq!(string(&table, "nodes.rollout.kind"), "rollout");
+    assert!(err.contains("without a tool_config_path"), "{err}");
+}

@@ -70,6 +70,10 @@ pub struct SynthArgs {
     /// into this directory (the committed one is `assets/tokenizer-gemma4`).
     #[arg(long)]
     pub gemma4_tokenizer_out: Option<PathBuf>,
+    /// `shapes` (the default task; writes the tokenizer too) or `zoom` (the tool task: small
+    /// shapes in a large picture, reference turns that call zoom_in; `--out datasets/shapes_zoom`)
+    #[arg(long, default_value = "shapes", value_parser = ["shapes", "zoom"])]
+    pub task: String,
     #[arg(long, default_value_t = crate::synth::DEFAULT_SEED)]
     pub seed: u64,
     #[arg(long, default_value_t = crate::synth::DEFAULT_TRAIN)]
@@ -488,6 +492,24 @@ fn inspect_text(args: &InspectArgs, out: &mut dyn Write) -> Result<()> {
 
 /// `flowrl data synth`: see [`DataCommand::Synth`].
 pub fn synth(args: &SynthArgs, out: &mut dyn Write) -> Result<()> {
+    if args.task == "zoom" {
+        crate::synth::write_splits(
+            &args.out,
+            args.seed,
+            args.train,
+            args.test,
+            crate::synth::zoom_sample,
+        )?;
+        writeln!(
+            out,
+            "wrote {} ({} rows) and {} ({} rows) of the zoom task",
+            args.out.join("train.parquet").display(),
+            args.train,
+            args.out.join("test.parquet").display(),
+            args.test,
+        )?;
+        return Ok(());
+    }
     let report = crate::synth::synthesize(
         &args.out,
         &args.tokenizer_out,

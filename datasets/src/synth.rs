@@ -102,6 +102,11 @@ pub struct ShapeSample {
     /// The whole user message (question + instruction).
     pub prompt: String,
     pub answer: String,
+    /// The task's `data_source`.
+    pub data_source: &'static str,
+    /// Reference assistant turns (`extra_info.turns`, written when some sample has them): what
+    /// a warm start on tool use imitates. Empty for the shapes task.
+    pub turns: Vec<String>,
 }
 
 /// Draws sample `index` of a split (`split` enters the seed, so train and test differ).
@@ -147,6 +152,8 @@ pub fn sample(seed: u64, split: &str, index: u64) -> ShapeSample {
         question,
         image,
         answer,
+        data_source: DATA_SOURCE,
+        turns: Vec::new(),
     }
 }
 
@@ -179,6 +186,11 @@ fn png_bytes(img: &RgbImage) -> Result<Vec<u8>> {
 
 /// The Arrow schema verl's geo3k preprocessing writes (column order included).
 pub fn verl_schema() -> Schema {
+    schema_with_turns(false)
+}
+
+/// [`verl_schema`], with `extra_info.turns` (a list of strings) when `turns`.
+fn schema_with_turns(turns: bool) -> Schema {
     let string = |n: &str| Field::new(n, DataType::Utf8, true);
     let image_item = Fields::from(vec![
         Field::new("bytes", DataType::Binary, true),
@@ -213,20 +225,33 @@ pub fn verl_schema() -> Schema {
         ),
         Field::new(
             "extra_info",
-            DataType::Struct(Fields::from(vec![
-                string("split"),
-                Field::new("index", DataType::Int64, true),
-                string("answer"),
-                string("question"),
-            ])),
+            DataType::Struct(Fields::from(
+                [
+                    string("split"),
+                    Field::new("index", DataType::Int64, true),
+                    string("answer"),
+                    string("question"),
+                ]
+                .into_iter()
+                .chain(turns.then(|| {
+                    Field::new(
+                        "turns",
+                        DataType::List(Arc::new(Field::new("element", DataType::Utf8, true))),
+                        true,
+                    )
+                }))
+                .collect::<Vec<_>>(),
+            )),
             true,
         ),
     ])
 }
 
-/// Writes samples as a verl parquet file (Snappy, one row group).
+/// Writes samples as a verl parquet file (Snappy, one row group); `extra_info.turns` when some
+/// sample has reference turns.
 pub fn write_split(path: &Path, split: &str, samples: &[ShapeSample]) -> Result<()> {
-    let schema = Arc::new(verl_schema());
+    let with_turns = samples.iter().any(|s| !s.turns.is_empty());
+    let schema = Arc::new(schema_with_turns(with_turns));
     let field_of = |name: &str| -> Fields {
         match schema.field_with_name(name).unwrap().data_type() {
             DataType::List(f) => match f.data_type() {
@@ -272,7 +297,7 @@ pub fn write_split(path: &Path, split: &str, samples: &[ShapeSample]) -> Result<
         msg.append(true);
         prompt.append(true);
 
-        data_source.append_value(DATA_SOURCE);
+        data_source.append_value(s.data_source);
         ability.append_value("vision");
         reward
             .field_builder::<StringBuilder>(0)
@@ -299,6 +324,20 @@ pub fn write_split(path: &Path, split: &str, samples: &[ShapeSample]) -> Result<
             .field_builder::<StringBuilder>(3)
             .unwrap()
             .append_value(&s.question);
+        if with_turns {
+            let turns = extra
+                .field_builder::<ListBuilder<Box<dyn arrow_array::builder::ArrayBuilder>>>(4)
+                .unwrap();
+            for t in &s.turns {
+                turns
+                    .values()
+                    .as_any_mut()
+                    .downcast_mut::<StringBuilder>()
+                    .unwrap()
+                    .append_value(t);
+            }
+            turns.append(true);
+        }
         extra.append(true);
     }
     let columns: Vec<ArrayRef> = vec![
@@ -652,6 +691,22 @@ pub struct SynthReport {
     pub vocab_size: usize,
 }
 
+/// Writes `train.parquet` and `test.parquet` of `train` and `test` samples drawn by `draw`.
+pub fn write_splits(
+    out: &Path,
+    seed: u64,
+    train: usize,
+    test: usize,
+    draw: fn(u64, &str, u64) -> ShapeSample,
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for (split, n) in [("train", train), ("test", test)] {
+        let samples: Vec<ShapeSample> = (0..n as u64).map(|i| draw(seed, split, i)).collect();
+        write_split(&out.join(format!("{split}.parquet")), split, &samples)?;
+    }
+    Ok(())
+}
+
 /// Generates `train.parquet` and `test.parquet` into `out` and the tokenizer files into
 /// `tokenizer_out`.
 pub fn synthesize(
@@ -661,15 +716,97 @@ pub fn synthesize(
     train: usize,
     test: usize,
 ) -> Result<SynthReport> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    for (split, n) in [("train", train), ("test", test)] {
-        let samples: Vec<ShapeSample> = (0..n as u64).map(|i| sample(seed, split, i)).collect();
-        write_split(&out.join(format!("{split}.parquet")), split, &samples)?;
-    }
+    write_splits(out, seed, train, test, sample)?;
     let tokenizer = write_tokenizer_dir(tokenizer_out)?;
     Ok(SynthReport {
         train_rows: train,
         test_rows: test,
         vocab_size: tokenizer.get_vocab_size(true),
     })
+}
+
+// -------------------------------------------------------------------------------------------
+// The tool task "zoom"
+// -------------------------------------------------------------------------------------------
+
+/// Picture side of the tool task: the tiny models' processors shrink it 3.5–4× (to 128 or 112
+/// pixels a side), so its small shapes become specks of one or two pixels.
+pub const ZOOM_IMAGE_SIZE: u32 = 448;
+/// `data_source` of the tool task.
+pub const ZOOM_DATA_SOURCE: &str = "flowrl/shapes_zoom";
+/// Side of the region a zoom looks at, centred on a quadrant's centre.
+pub const ZOOM_REGION: u32 = 112;
+/// The quadrants as the questions name them, in reading order.
+pub const REGIONS: [&str; 4] = ["top left", "top right", "bottom left", "bottom right"];
+/// The tool task's hint, before the shapes task's instruction (the tiny tokenizer spells
+/// unfamiliar words byte by byte: the shorter the better).
+pub const ZOOM_INSTRUCTION: &str = "Zoom in if needed.";
+
+/// The pixel box a zoom on quadrant `q` (reading order) looks at.
+pub fn region_box(q: usize) -> [u32; 4] {
+    let quarter = ZOOM_IMAGE_SIZE / 4;
+    let cx = quarter * (1 + 2 * (q as u32 % 2));
+    let cy = quarter * (1 + 2 * (q as u32 / 2));
+    let h = ZOOM_REGION / 2;
+    [cx - h, cy - h, cx + h, cy + h]
+}
+
+/// The assistant turn that calls `zoom_in` on quadrant `q`, in Qwen's tool-call syntax, the
+/// JSON written compactly (the tiny tokenizer spells it byte by byte).
+pub fn zoom_call(q: usize) -> String {
+    let [x1, y1, x2, y2] = region_box(q);
+    format!(
+        "<think> </think> <tool_call>{{\"name\":\"zoom_in\",\"arguments\":{{\"bbox_2d\":[{x1},{y1},{x2},{y2}]}}}}</tool_call>"
+    )
+}
+
+/// Draws sample `index` of the tool task: a 448×448 picture with one small shape (radius 5–6
+/// pixels) in each quadrant near its centre, the four in four different colours; the question
+/// asks for the colour of the shape in one named quadrant. Its reference turns
+/// (`extra_info.turns`, for a warm start) answer directly for half the samples and call
+/// `zoom_in` on the named quadrant first for the other half.
+pub fn zoom_sample(seed: u64, split: &str, index: u64) -> ShapeSample {
+    let split_salt = split.bytes().fold(0x84AA_61C3_9E37_79B9u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
+    });
+    let mut rng = SplitMix64(seed ^ split_salt ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let bg = [
+        rng.range(225, 255) as u8,
+        rng.range(225, 255) as u8,
+        rng.range(225, 255) as u8,
+    ];
+    let mut image = RgbImage::from_pixel(ZOOM_IMAGE_SIZE, ZOOM_IMAGE_SIZE, Rgb(bg));
+    let mut colours = [0usize, 1, 2, 3];
+    for i in (1..4).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        colours.swap(i, j);
+    }
+    for (q, &c) in colours.iter().enumerate() {
+        let [x1, y1, x2, y2] = region_box(q);
+        let shape = SHAPES[rng.below(3) as usize];
+        let r = rng.range(5, 6) as i32;
+        let cx = ((x1 + x2) / 2) as i32 + rng.range(0, 16) as i32 - 8;
+        let cy = ((y1 + y2) / 2) as i32 + rng.range(0, 16) as i32 - 8;
+        draw_shape(&mut image, shape, cx, cy, r, COLOURS[c].1);
+    }
+    let asked = rng.below(4) as usize;
+    let answer = COLOURS[colours[asked]].0.to_string();
+    let question = format!(
+        "<image>What color is the shape in the {} quarter?",
+        REGIONS[asked]
+    );
+    let answer_turn = format!("<think> </think> \\boxed{{{answer}}}");
+    let turns = if rng.below(2) == 0 {
+        vec![answer_turn]
+    } else {
+        vec![zoom_call(asked), answer_turn]
+    };
+    ShapeSample {
+        prompt: format!("{question} {ZOOM_INSTRUCTION} {INSTRUCTION}"),
+        question,
+        image,
+        answer,
+        data_source: ZOOM_DATA_SOURCE,
+        turns,
+    }
 }

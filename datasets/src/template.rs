@@ -150,8 +150,20 @@ impl ChatTemplate {
 
     /// Renders `messages` (JSON, HF layout) with `add_generation_prompt`.
     pub fn render(&self, messages: &Json, add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, add_generation_prompt, &[])
+    }
+
+    /// [`Self::render`] with `tools` (OpenAI function descriptions) in the template's `tools`
+    /// variable, as `apply_chat_template(..., tools=...)` passes them; none: `tools` is unset.
+    pub fn render_with_tools(
+        &self,
+        messages: &Json,
+        add_generation_prompt: bool,
+        tools: &[Json],
+    ) -> Result<String> {
         let ctx = json!({
             "messages": messages,
+            "tools": (!tools.is_empty()).then_some(tools),
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,

@@ -262,6 +262,8 @@ fn verl_row_through_gemma4_processor_gives_the_fixture_ids() {
         question: "<image>Describe this image.".into(),
         prompt: "<image>Describe this image.".into(),
         answer: "x".into(),
+        data_source: flowrl_datasets::synth::DATA_SOURCE,
+        turns: Vec::new(),
     };
     let path = tmp.path().join("one.parquet");
     flowrl_datasets::synth::write_split(&path, "test", &[sample]).unwrap();

@@ -40,6 +40,7 @@ fn default_args(out: &Path, tok: &Path) -> SynthArgs {
         out: out.to_path_buf(),
         tokenizer_out: tok.to_path_buf(),
         gemma4_tokenizer_out: None,
+        task: "shapes".into(),
         seed: DEFAULT_SEED,
         train: DEFAULT_TRAIN,
         test: DEFAULT_TEST,
@@ -85,6 +86,70 @@ fn committed_files_are_reproduced_by_synth() {
         .map(|f| std::fs::metadata(committed_data().join(f)).unwrap().len())
         .sum();
     assert!(size < 1_500_000, "{size} bytes");
+}
+
+/// The tool task: `datasets/shapes_zoom` is what `flowrl data synth --task zoom` makes; each
+/// question's colour is the colour of the named quarter's shape, which the zoom's box frames,
+/// and half the reference conversations call the tool.
+#[test]
+fn the_zoom_task_is_reproduced_and_its_zoom_frames_the_answer() {
+    let committed = repo().join("datasets/shapes_zoom");
+    let args = |out: &Path| SynthArgs {
+        task: "zoom".into(),
+        ..default_args(out, Path::new("unused"))
+    };
+    if std::env::var_os("FLOWRL_BLESS").is_some() {
+        synth(&args(&committed), &mut Vec::new()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    synth(&args(dir.path()), &mut Vec::new()).unwrap();
+    for split in ["train.parquet", "test.parquet"] {
+        assert!(
+            std::fs::read(dir.path().join(split)).unwrap()
+                == std::fs::read(committed.join(split)).unwrap(),
+            "datasets/shapes_zoom/{split} differs from what `flowrl data synth --task zoom` makes"
+        );
+    }
+    assert!(
+        !dir.path().join("unused").exists(),
+        "the zoom task writes no tokenizer"
+    );
+    let mut calls = 0;
+    for i in 0..400 {
+        let s = flowrl_datasets::synth::zoom_sample(DEFAULT_SEED, "train", i);
+        let q = flowrl_datasets::synth::REGIONS
+            .iter()
+            .position(|r| s.question.contains(r))
+            .expect("the question names a quarter");
+        let [x1, y1, x2, y2] = flowrl_datasets::synth::region_box(q);
+        let colour = flowrl_datasets::synth::COLOURS
+            .iter()
+            .find(|(name, _)| *name == s.answer)
+            .unwrap()
+            .1;
+        let seen = (y1..y2)
+            .flat_map(|y| (x1..x2).map(move |x| (x, y)))
+            .filter(|&(x, y)| s.image.get_pixel(x, y).0 == colour)
+            .count();
+        assert!(
+            seen >= 30,
+            "sample {i}: {seen} pixels of the answer's colour in the box"
+        );
+        assert!(
+            s.turns
+                .last()
+                .unwrap()
+                .ends_with(&format!("\\boxed{{{}}}", s.answer))
+        );
+        if s.turns.len() == 2 {
+            calls += 1;
+            assert!(s.turns[0].contains(&format!("[{x1},{y1},{x2},{y2}]")));
+        }
+    }
+    assert!(
+        (150..250).contains(&calls),
+        "{calls} of 400 reference conversations call the tool"
+    );
 }
 
 #[test]

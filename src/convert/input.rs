@@ -204,6 +204,13 @@ impl VerlConfig {
     }
 }
 
+/// A YAML file's value (a verl tool configuration, say).
+pub fn read_yaml_value(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(yaml_value(&parse_yaml(&text)?))
+}
+
 fn parse_yaml(text: &str) -> Result<Yaml> {
     let docs = YamlLoader::load_from_str(text).map_err(|e| anyhow::anyhow!("YAML: {e}"))?;
     Ok(docs.into_iter().next().unwrap_or(Yaml::Null))

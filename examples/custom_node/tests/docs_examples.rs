@@ -1,6 +1,6 @@
 //! The plugin docs cannot rot: the code blocks of docs/plugins.md and docs/exec-protocol.md marked
 //! `<!-- verbatim: PATH -->` equal their files (which cargo builds and these tests run), the port
-//! table lists the port types of nodes/src/values.rs, and the plugin binary runs the default GRPO
+//! table lists the port types of nodes/src/values/mod.rs, and the plugin binary runs the default GRPO
 //! graph with the docs' length-penalty reward, in Rust and in Python, with the docs' own commands
 //! and TOML: both train identically.
 
@@ -72,7 +72,7 @@ fn the_port_table_lists_every_port_type_of_values_rs() {
             .map(|l| l[..l.find('`').unwrap()].to_string())
             .collect()
     };
-    let values = read("nodes/src/values.rs");
+    let values = read("nodes/src/values/mod.rs");
     let source = names(
         values
             .lines()
@@ -81,14 +81,14 @@ fn the_port_table_lists_every_port_type_of_values_rs() {
     );
     let doc = read("docs/plugins.md");
     let table = &doc[doc
-        .find("<!-- port types: nodes/src/values.rs -->")
+        .find("<!-- port types: nodes/src/values/mod.rs -->")
         .unwrap()..];
     let table = &table[..table.find("\n\n").unwrap()];
     let documented = names(table.lines().collect());
     assert!(source.contains(&"Rollouts".to_string()), "{source:?}");
     assert_eq!(
         documented, source,
-        "docs/plugins.md's port table vs nodes/src/values.rs"
+        "docs/plugins.md's port table vs nodes/src/values/mod.rs"
     );
 }
 

@@ -24,18 +24,24 @@
 //! Metrics: `val/<data_source>/score` (mean reward), `val/<data_source>/accuracy` (mean of the
 //! reward's `acc` component when it has one, else of the reward), `val/score` and `val/accuracy`
 //! over all prompts, `val/response_length/mean`.
+//!
+//! With a `tools` table (and `rollout.multi_turn`'s other turn parameters) the responses are
+//! multi-turn, generated as `rollout.multi_turn` generates them, greedily; then also
+//! `val/tool_calls/mean` and `val/tool_calls/rate` (responses with a call).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use flowrl_algorithms::rewards::{BuiltinReward, RewardFunction};
 use flowrl_engine::{
     BuildContext, Diagnostic, Footprint, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec,
     Params, PlanCtx, Port, PortSpec, StepContext, ValidateCtx,
 };
+use rand::Rng;
 use serde::Deserialize;
 
+use crate::kinds::rollout::multi_turn::{MultiTurn, TurnParams, validate_turns};
 use crate::kinds::rollout::{
     Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
     sample_rollouts, stop_token_ids, validate_generation,
@@ -73,6 +79,9 @@ struct EvalParams {
     /// extra stop tokens (each must be one token of the tokenizer), besides the model's EOS
     #[serde(default)]
     stop: Vec<String>,
+    /// with `tools`, the responses are multi-turn, as `rollout.multi_turn`'s (greedy)
+    #[serde(flatten)]
+    turns: TurnParams,
 }
 
 impl EvalParams {
@@ -138,6 +147,7 @@ impl NodeKind for EvalKind {
             Err(d) => return d,
         };
         let mut out = validate_generation(ctx, p.max_new_tokens);
+        out.extend(validate_turns(ctx, &p.turns, p.max_new_tokens, false));
         if ctx.input(SCORES.name()).is_some() && ctx.is_set("reward") {
             out.push(ctx.warning(
                 "reward",
@@ -171,11 +181,19 @@ impl NodeKind for EvalKind {
         let model = ctx.resource::<ModelResource>(&p.model)?;
         let reward = BuiltinReward::from_name(&p.reward)?;
         let stop_ids = stop_token_ids(&model, &p.stop)?;
+        let multi_turn = match &p.turns.tools {
+            serde_json::Value::Null => None,
+            _ => Some(
+                MultiTurn::new(p.rollout(), p.turns.clone(), model.clone())
+                    .with_context(|| format!("node `{}`", ctx.node))?,
+            ),
+        };
         Ok(Box::new(EvalNode {
             p,
             model,
             reward,
             stop_ids,
+            multi_turn,
         }))
     }
 }
@@ -185,6 +203,8 @@ struct EvalNode {
     model: Arc<ModelResource>,
     reward: BuiltinReward,
     stop_ids: Vec<u32>,
+    /// Multi-turn generation, when the node declares tools.
+    multi_turn: Option<MultiTurn>,
 }
 
 #[derive(Default)]
@@ -204,16 +224,25 @@ impl Node for EvalNode {
         let mut per_source: BTreeMap<String, SourceStats> = BTreeMap::new();
         let mut lengths = 0usize;
         let mut total = 0usize;
+        let (mut tool_calls, mut tool_users) = (0usize, 0usize);
         for chunk in split(&prompts, self.p.batch_size) {
-            let rollouts = sample_rollouts(
-                &self.model,
-                &Arc::new(chunk),
-                &params,
-                &self.stop_ids,
-                // Generation runs where the model lives.
-                &Replicas::single(self.model.device),
-                ctx,
-            )?;
+            // Generation runs where the model lives.
+            let here = Replicas::single(self.model.device);
+            let rollouts = match &self.multi_turn {
+                Some(m) => m.sample(&Arc::new(chunk), &here, ctx.rng().random())?,
+                None => sample_rollouts(
+                    &self.model,
+                    &Arc::new(chunk),
+                    &params,
+                    &self.stop_ids,
+                    &here,
+                    ctx,
+                )?,
+            };
+            for t in &rollouts.trajectories {
+                tool_calls += t.tool_calls;
+                tool_users += usize::from(t.tool_calls > 0);
+            }
             let scored = if ctx.has_repeat() {
                 // The reward node's own critic/score/* would overwrite the training reward's.
                 let repeat = ctx.repeat()?;
@@ -273,6 +302,10 @@ impl Node for EvalNode {
             ctx.metric("val/score", score / total as f64);
             ctx.metric("val/accuracy", accuracy / total as f64);
             ctx.metric("val/response_length/mean", lengths as f64 / total as f64);
+            if self.multi_turn.is_some() {
+                ctx.metric("val/tool_calls/mean", tool_calls as f64 / total as f64);
+                ctx.metric("val/tool_calls/rate", tool_users as f64 / total as f64);
+            }
         }
         Ok(Outputs::new())
     }

@@ -129,8 +129,8 @@ impl ToolSet {
         }
     }
 
-    /// This set with `tool` under `name` (a tool of your own, for a plugin's kind or a test);
-    /// a declared tool of that name is replaced.
+    /// This set with `tool` under `name` (a tool built in code rather than declared in the
+    /// graph, e.g. by a test); a tool of that name is replaced.
     pub fn with(mut self, name: &str, tool: Arc<dyn Tool>) -> Self {
         self.tools.insert(name.to_string(), tool);
         self

@@ -30,6 +30,8 @@ const PROBE: &str = "\u{e000}flowrl-probe\u{e000}";
 /// A model's chat template, tokenizer and image processor, for the segments between turns.
 pub struct TurnTemplate {
     encoder: Arc<PromptEncoder>,
+    /// The tools' OpenAI function descriptions, in the template's `tools` variable.
+    tools: Vec<Json>,
     /// What the template writes after an assistant message's content (Qwen: `<|im_end|>\n`).
     assistant_suffix: String,
     /// The model's name, for messages.
@@ -46,7 +48,8 @@ pub struct RenderedSegment {
 
 impl TurnTemplate {
     /// Probes the template: the assistant suffix, and that it renders a tool message at all.
-    pub fn new(encoder: Arc<PromptEncoder>, model: &str) -> Result<Self> {
+    /// `tools` (OpenAI function descriptions) are passed to every rendering.
+    pub fn new(encoder: Arc<PromptEncoder>, model: &str, tools: Vec<Json>) -> Result<Self> {
         let user = json!({"role": "user", "content": "u"});
         let assistant = json!({"role": "assistant", "content": PROBE});
         let text = encoder
@@ -71,6 +74,7 @@ impl TurnTemplate {
             })?;
         Ok(Self {
             encoder,
+            tools,
             assistant_suffix,
             model: model.to_string(),
         })
@@ -79,6 +83,21 @@ impl TurnTemplate {
     /// What the template writes after an assistant message's content.
     pub fn assistant_suffix(&self) -> &str {
         &self.assistant_suffix
+    }
+
+    /// `messages` rendered with the tools.
+    pub fn render(&self, messages: &[Json], add_generation_prompt: bool) -> Result<String> {
+        self.encoder.template.render_with_tools(
+            &Json::Array(messages.to_vec()),
+            add_generation_prompt,
+            &self.tools,
+        )
+    }
+
+    /// Whether the template writes the tools into the conversation (reads its `tools`
+    /// variable): prompts are then encoded again with them.
+    pub fn writes_tools(&self) -> bool {
+        !self.tools.is_empty() && self.encoder.template.source().contains("tools")
     }
 
     /// The encoder (tokenizer, template, processor).
@@ -97,11 +116,10 @@ impl TurnTemplate {
         answers: &[Json],
         pictures: &[Arc<RgbImage>],
     ) -> Result<RenderedSegment> {
-        let template = &self.encoder.template;
-        let before = template.render(&Json::Array(history.to_vec()), false)?;
+        let before = self.render(history, false)?;
         let mut all = history.to_vec();
         all.extend_from_slice(answers);
-        let after = template.render(&Json::Array(all), true)?;
+        let after = self.render(&all, true)?;
         let added = after.strip_prefix(before.as_str()).ok_or_else(|| {
             anyhow!(
                 "model `{}`: the chat template renders the conversation differently once tool \

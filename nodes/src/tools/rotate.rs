@@ -77,7 +77,12 @@ mod tests {
         let p = Arc::new(RgbImage::from_fn(3, 2, |x, y| {
             image::Rgb([x as u8, y as u8, 0])
         }));
-        let call = |a: Json| Rotate.call(json!({"angle": a}).as_object().unwrap(), &[p.clone()]);
+        let call = |a: Json| {
+            Rotate.call(
+                json!({"angle": a}).as_object().unwrap(),
+                std::slice::from_ref(&p),
+            )
+        };
         let q = &call(json!(90)).unwrap().pictures[0];
         assert_eq!(q.dimensions(), (2, 3));
         // Counter-clockwise: the top-right pixel goes to the top-left.

@@ -4,7 +4,8 @@
 //! Arguments: `bbox_2d` = `[x1, y1, x2, y2]` (left, top, right, bottom) in the tool's
 //! `coordinates`: `pixel` (of the picture as the conversation holds it), `norm1000` (0–1000 of
 //! each side, Qwen3-VL's grounding convention) or `norm1` (0–1); `image` = which picture,
-//! counting the prompt's then earlier tool answers' from 0 (default 0). The box must lie inside
+//! counting the prompt's then earlier tool answers' from 0 (default 0); `label` (DeepEyes'
+//! schema: what the region shows) is accepted and not used. The box must lie inside
 //! the picture with `x1 < x2`, `y1 < y2`; a box narrower than `min_size` pixels is widened about
 //! its centre to `min_size` (kept inside the picture), as verl's tool does so the processor gets
 //! at least one merged patch. The region `[floor x1, ceil x2) × [floor y1, ceil y2)` is cut out
@@ -149,7 +150,8 @@ impl Tool for Crop {
                     "properties": {
                         "bbox_2d": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4,
                                     "description": "[x1, y1, x2, y2]: left, top, right, bottom"},
-                        "image": {"type": "integer", "description": "which image, counting from 0 (default 0)"}
+                        "image": {"type": "integer", "description": "which image, counting from 0 (default 0)"},
+                        "label": {"type": "string", "description": "what the region shows"}
                     },
                     "required": ["bbox_2d"]
                 }
@@ -162,7 +164,7 @@ impl Tool for Crop {
         arguments: &Map<String, Json>,
         pictures: &[Arc<RgbImage>],
     ) -> Result<ToolOutput, String> {
-        super::known_arguments(arguments, &["bbox_2d", "image"])?;
+        super::known_arguments(arguments, &["bbox_2d", "image", "label"])?;
         let (k, picture) = picture_argument(arguments, pictures)?;
         let bbox = arguments
             .get("bbox_2d")
@@ -268,7 +270,8 @@ mod tests {
         assert!(err(json!({})).contains("missing argument bbox_2d"));
         assert!(err(json!({"bbox_2d": [0, 0, 30, 30], "image": 3})).contains("no image 3"));
         assert!(
-            err(json!({"bbox_2d": [0, 0, 30, 30], "zoom": 2})).contains("unknown argument `zoom`")
+            err(json!({"bbox_2d": [0, 0, 30, 30], "zoom": 2}))
+                .contains("unknown argument `zoom`; the arguments are bbox_2d, image, label")
         );
         assert!(
             t.call(

@@ -77,10 +77,14 @@ pub(super) fn data(m: &mut Mapper, p: &Plan) {
     m.sections.push(data);
 }
 
-/// `[nodes.rollout]`: `n` responses per prompt, sampled (temperature, top-p, top-k) or greedy.
+/// `[nodes.rollout]`: `n` responses per prompt, sampled (temperature, top-p, top-k) or greedy;
+/// multi-turn with tools when verl's `multi_turn` is on ([`super::tools`]).
 pub(super) fn rollout(m: &mut Mapper, p: &Plan) {
-    let rk = "rollout";
-    let mut rollout = Section::node("rollout", rk, "");
+    let (rk, from) = match p.turns {
+        Some(_) => ("rollout.multi_turn", format!("{ROLLOUT}.multi_turn.enable")),
+        None => ("rollout", String::new()),
+    };
+    let mut rollout = Section::node("rollout", rk, &from);
     rollout.set("model", t_str("policy"), "");
     rollout.inputs(&[("prompts", "data.prompts")]);
     let n = m.int(&format!("{ROLLOUT}.n")).unwrap_or(1);
@@ -111,5 +115,12 @@ pub(super) fn rollout(m: &mut Mapper, p: &Plan) {
         m.float_param(&mut rollout, rk, "top_p", &format!("{ROLLOUT}.top_p"));
         m.int_param(&mut rollout, rk, "top_k", &format!("{ROLLOUT}.top_k"));
     }
-    m.sections.push(rollout);
+    match &p.turns {
+        Some(turns) => {
+            turns.write(&mut rollout);
+            m.sections.push(rollout);
+            m.sections.extend(turns.tool_sections("rollout"));
+        }
+        None => m.sections.push(rollout),
+    }
 }

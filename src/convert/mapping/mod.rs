@@ -18,6 +18,7 @@
 //! - [`mapper`]: reading verl values and writing parameters that differ from flowrl's defaults;
 //! - [`trainer`]: `[run]` (steps, seed, devices, checkpoints), `[models.*]` and the eval node;
 //! - [`data`]: the dataset and rollout nodes;
+//! - [`tools`]: a multi-turn rollout's turn parameters and tools;
 //! - [`reward`]: the reward, DAPO's overlong shaping and the group filter;
 //! - [`scoring`]: old-policy and reference log-probs, critic values;
 //! - [`advantage`]: the estimator (and ReMax's greedy baseline);
@@ -31,6 +32,7 @@ mod data;
 mod mapper;
 mod reward;
 mod scoring;
+mod tools;
 mod trainer;
 mod update;
 
@@ -222,6 +224,8 @@ struct Plan {
     gen_batch: i64,
     /// Tokens per response.
     response_length: i64,
+    /// A multi-turn rollout with tools (`rollout.multi_turn.enable`).
+    turns: Option<tools::Turns>,
 }
 
 impl Plan {
@@ -233,6 +237,7 @@ impl Plan {
         let filter = m.flag("algorithm.filter_groups.enable");
         let overlong = reward::overlong_prefix(m);
         let train_batch = m.int("data.train_batch_size").unwrap_or(1);
+        let turns = tools::read(m);
         let gen_batch = if filter {
             m.int("data.gen_batch_size").unwrap_or(train_batch)
         } else {
@@ -254,6 +259,7 @@ impl Plan {
                 .or_else(|| m.int("data.max_response_length"))
                 .unwrap_or(512),
             estimator,
+            turns,
         }
     }
 

@@ -191,7 +191,14 @@ pub(super) fn eval(m: &mut Mapper, p: &Plan) {
         if m.int(&format!("{vk}.n")).unwrap_or(1) > 1 {
             m.not_carried(&format!("{vk}.n"), "the eval node answers each prompt once");
         }
-        m.sections.push(e);
+        match &p.turns {
+            Some(turns) => {
+                turns.write(&mut e);
+                m.sections.push(e);
+                m.sections.extend(turns.tool_sections("eval"));
+            }
+            None => m.sections.push(e),
+        }
     } else if test_freq > 0 {
         m.not_carried("trainer.test_freq", "no data.val_files: no eval node");
     }

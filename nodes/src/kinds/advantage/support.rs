@@ -6,7 +6,8 @@
 //! was scored) → `advantages: Advantages`.
 //!
 //! Token-level rewards are built as verl's reward manager does: each response's score sits on
-//! its last response token (on the last column for an empty response, verl's index −1); the
+//! its last response token, the last with mask 1 (on the last column for an empty response,
+//! verl's index −1); the
 //! outcome estimators sum them back per response, so only the token-level ones (REINFORCE++'s
 //! discounted returns, the reward-to-go of ReMax and the optimal token baselines) see the
 //! position.
@@ -150,13 +151,14 @@ impl HostRewards {
             .collect();
         let mut rewards = vec![0.0f64; rows * cols];
         for (b, &s) in scores.scores.iter().enumerate() {
-            let len = rollouts
+            // The last masked token: the response's last (a multi-turn response ends on a
+            // policy turn; its tool tokens in between are masked out).
+            let pos = rollouts
                 .response_mask
                 .row(b)
                 .iter()
-                .filter(|&&m| m != 0.0)
-                .count();
-            let pos = if len == 0 { cols - 1 } else { len - 1 };
+                .rposition(|&m| m != 0.0)
+                .unwrap_or(cols - 1);
             rewards[b * cols + pos] = s as f64;
         }
         Ok(Self {

@@ -31,6 +31,11 @@
 //! is split over replicas (as for `rollout`). Replicas exchange their finished rows (ids,
 //! segments, messages, tool pictures) as bytes; every process then has the whole batch.
 //!
+//! **Tools in the prompt.** The tools' OpenAI function descriptions are passed to the chat
+//! template's `tools` variable, as `apply_chat_template(..., tools=...)` does: a template that
+//! writes them (Qwen2.5's and Qwen3's system block, say) gets the prompts encoded again with them
+//! (the dataset encodes prompts without tools); the tiny models' templates do not read it.
+//!
 //! `sink.trajectories` writes the responses, their messages and pictures as JSONL.
 //!
 //! Metrics: `response_length/*`, `prompt_length/*` as `rollout`; `num_turns/mean|max|min`
@@ -79,14 +84,10 @@ const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS)
 /// The tool-call syntaxes `format` accepts (verl: `multi_turn.format`).
 const FORMATS: &[&str] = &["auto", "hermes", "gemma4"];
 
-/// Parameters of [`MultiTurnKind`] (verl's `actor_rollout_ref.rollout.multi_turn.*` names
-/// where they exist).
+/// The multi-turn parameters, shared by `rollout.multi_turn` and `eval` (verl's
+/// `actor_rollout_ref.rollout.multi_turn.*` names where they exist).
 #[derive(Debug, Clone, Deserialize, Params)]
-pub struct MultiTurnParams {
-    /// `rollout`'s parameters; `max_new_tokens` is the length budget of a whole response:
-    /// every turn and every tool answer (verl: response_length)
-    #[serde(flatten)]
-    pub rollout: RolloutParams,
+pub struct TurnParams {
     /// most tokens of one assistant turn (default: the whole budget)
     #[param(min = 1.0)]
     pub max_tokens_per_turn: Option<usize>,
@@ -103,17 +104,54 @@ pub struct MultiTurnParams {
     /// (`<|tool_call>call:name{...}<tool_call|>`) or `auto` (from the tokenizer and template)
     #[param(one_of = FORMATS, default = "auto")]
     pub format: String,
+    /// teacher forcing: the assistant turns are the texts of the prompt's
+    /// `extra_info[replay_turns]` (each followed by the model's EOS) instead of sampled; the
+    /// tools still run (SFT warm starts on tool use)
+    pub replay_turns: Option<String>,
     /// the tools, by the name the model calls them (see the module doc of `flowrl_nodes::tools`)
     #[serde(default)]
     pub tools: Json,
 }
 
-impl MultiTurnParams {
-    fn turn_limit(&self) -> usize {
-        self.max_tokens_per_turn
-            .unwrap_or(self.rollout.max_new_tokens)
-            .min(self.rollout.max_new_tokens)
+/// Parameters of [`MultiTurnKind`].
+#[derive(Debug, Clone, Deserialize, Params)]
+pub struct MultiTurnParams {
+    /// `rollout`'s parameters; `max_new_tokens` is the length budget of a whole response:
+    /// every turn and every tool answer (verl: response_length)
+    #[serde(flatten)]
+    pub rollout: RolloutParams,
+    #[serde(flatten)]
+    pub turns: TurnParams,
+}
+
+/// The checks of [`TurnParams`] for a response budget of `max_new` tokens; `required`: at
+/// least one tool must be declared.
+pub fn validate_turns(
+    ctx: &ValidateCtx,
+    p: &TurnParams,
+    max_new: usize,
+    required: bool,
+) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    if let Some(t) = p.max_tokens_per_turn
+        && t > max_new
+    {
+        out.push(ctx.warning(
+            "max_tokens_per_turn",
+            format!(
+                "max_tokens_per_turn {t} is more than the response budget max_new_tokens {max_new}: a turn gets at most the budget"
+            ),
+        ));
     }
+    match ToolSet::from_spec(&p.tools) {
+        Ok(tools) if tools.is_empty() && required => out.push(ctx.error(
+            "tools",
+            "declare at least one tool (`[nodes.NAME.tools.zoom_in]`); without tools use `rollout`",
+        )),
+        Ok(_) => {}
+        Err(errors) => out.extend(errors.into_iter().map(|(at, m)| ctx.error(&at, m))),
+    }
+    out
 }
 
 impl NodeKind for MultiTurnKind {
@@ -152,25 +190,12 @@ impl NodeKind for MultiTurnKind {
             Err(d) => return d,
         };
         let mut out = validate_generation(ctx, p.rollout.max_new_tokens);
-        if let Some(t) = p.max_tokens_per_turn
-            && t > p.rollout.max_new_tokens
-        {
-            out.push(ctx.warning(
-                "max_tokens_per_turn",
-                format!(
-                    "max_tokens_per_turn {t} is more than the response budget max_new_tokens {}: a turn gets at most the budget",
-                    p.rollout.max_new_tokens
-                ),
-            ));
-        }
-        match ToolSet::from_spec(&p.tools) {
-            Ok(tools) if tools.is_empty() => out.push(ctx.error(
-                "tools",
-                "declare at least one tool (`[nodes.NAME.tools.zoom_in]`); without tools use `rollout`",
-            )),
-            Ok(_) => {}
-            Err(errors) => out.extend(errors.into_iter().map(|(at, m)| ctx.error(&at, m))),
-        }
+        out.extend(validate_turns(
+            ctx,
+            &p.turns,
+            p.rollout.max_new_tokens,
+            true,
+        ));
         out
     }
 
@@ -196,39 +221,12 @@ impl NodeKind for MultiTurnKind {
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: MultiTurnParams = params.parse()?;
-        p.rollout.sampling().validate()?;
-        let tools = ToolSet::from_spec(&p.tools).map_err(|errors| {
-            let lines: Vec<String> = errors.iter().map(|(at, m)| format!("{at}: {m}")).collect();
-            anyhow!("node `{}`: {}", ctx.node, lines.join("; "))
-        })?;
         let model = ctx.resource::<ModelResource>(&p.rollout.model)?;
-        let stop_ids = stop_token_ids(&model, &p.rollout.stop)?;
-        let encoder = Arc::new(PromptEncoder::from_model_dir(&model.dir).with_context(|| {
-            format!(
-                "node `{}`: loading the chat template of model `{}`",
-                ctx.node, model.name
-            )
-        })?);
-        let syntax = match p.format.as_str() {
-            "hermes" => CallSyntax::Hermes,
-            "gemma4" => CallSyntax::Gemma4,
-            _ => CallSyntax::detect(
-                |t| encoder.tokenizer.token_to_id(t).is_some(),
-                encoder.template.source(),
-            ),
-        };
-        let template = TurnTemplate::new(encoder, &model.name)
+        let rollout = MultiTurn::new(p.rollout, p.turns, model)
             .with_context(|| format!("node `{}`", ctx.node))?;
         Ok(Box::new(MultiTurnNode {
             replicas: Replicas::new(&ctx.placement, &ctx.node)?,
-            rollout: MultiTurn {
-                params: p,
-                model,
-                stop_ids,
-                template,
-                tools,
-                syntax,
-            },
+            rollout,
         }))
     }
 }
@@ -243,20 +241,74 @@ impl Node for MultiTurnNode {
         let prompts = inputs.get_arc(PROMPTS)?;
         let base_seed: u64 = ctx.rng().random();
         let rollouts = self.rollout.sample(&prompts, &self.replicas, base_seed)?;
-        record_length_metrics(&rollouts, self.rollout.params.rollout.max_new_tokens, ctx);
+        record_length_metrics(&rollouts, self.rollout.rollout.max_new_tokens, ctx);
         record_turn_metrics(&rollouts, ctx);
         Ok(Outputs::new().with(ROLLOUTS, rollouts))
     }
 }
 
-/// A multi-turn rollout, outside a graph step too (tests).
+/// A multi-turn rollout: what `rollout.multi_turn` and a multi-turn `eval` run.
 pub struct MultiTurn {
-    pub params: MultiTurnParams,
+    pub rollout: RolloutParams,
+    pub turns: TurnParams,
     pub model: Arc<ModelResource>,
     pub stop_ids: Vec<u32>,
     pub template: TurnTemplate,
     pub tools: ToolSet,
     pub syntax: CallSyntax,
+    /// The model's first EOS token, which ends a replayed turn.
+    pub eos: Option<u32>,
+}
+
+impl MultiTurn {
+    /// Builds the tools, the chat template's turn segments and the tool-call syntax of `model`.
+    pub fn new(
+        rollout: RolloutParams,
+        turns: TurnParams,
+        model: Arc<ModelResource>,
+    ) -> Result<Self> {
+        rollout.sampling().validate()?;
+        let tools = ToolSet::from_spec(&turns.tools).map_err(|errors| {
+            let lines: Vec<String> = errors.iter().map(|(at, m)| format!("{at}: {m}")).collect();
+            anyhow!("{}", lines.join("; "))
+        })?;
+        let stop_ids = stop_token_ids(&model, &rollout.stop)?;
+        let encoder = Arc::new(
+            PromptEncoder::from_model_dir(&model.dir)
+                .with_context(|| format!("loading the chat template of model `{}`", model.name))?,
+        );
+        let syntax = match turns.format.as_str() {
+            "hermes" => CallSyntax::Hermes,
+            "gemma4" => CallSyntax::Gemma4,
+            _ => CallSyntax::detect(
+                |t| encoder.tokenizer.token_to_id(t).is_some(),
+                encoder.template.source(),
+            ),
+        };
+        let eos = on_backend!(model.backend(), B => {
+            let s = model.lock::<B>()?;
+            s.model.causal_lm().eos_token_ids().first().copied()
+        });
+        let template = TurnTemplate::new(encoder, &model.name, tools.functions())?;
+        Ok(MultiTurn {
+            rollout,
+            turns,
+            model,
+            stop_ids,
+            template,
+            tools,
+            syntax,
+            eos,
+        })
+    }
+
+    /// Tokens of one turn at most.
+    fn turn_limit(&self) -> usize {
+        self.turns
+            .max_tokens_per_turn
+            .unwrap_or(self.rollout.max_new_tokens)
+            .min(self.rollout.max_new_tokens)
+    }
 }
 
 /// A tool picture as bytes (replicas exchange finished rows).
@@ -345,6 +397,7 @@ impl MultiTurn {
         base_seed: u64,
     ) -> Result<RolloutBatch> {
         ensure!(!prompts.is_empty(), "the prompt batch is empty");
+        let prompts = &self.with_tools(prompts)?;
         let rows = on_backend!(self.model.backend(), B => {
             self.rows_on::<B>(prompts, replicas, base_seed)
         })?;
@@ -358,7 +411,7 @@ impl MultiTurn {
         replicas: &Replicas,
         base_seed: u64,
     ) -> Result<Vec<Row>> {
-        let n = self.params.rollout.n;
+        let n = self.rollout.n;
         let b = prompts.len() * n;
         let mut gathered = replicas.run(|r| {
             let (infer, device) = self
@@ -389,9 +442,9 @@ impl MultiTurn {
         rows: &[usize],
         base_seed: u64,
     ) -> Result<Vec<Row>> {
-        let p = &self.params;
-        let n = p.rollout.n;
-        let budget = p.rollout.max_new_tokens;
+        let (p, t) = (&self.rollout, &self.turns);
+        let n = p.n;
+        let budget = p.max_new_tokens;
         let tokenizer = &self.template.encoder().tokenizer;
         let prompt_messages: Vec<Vec<Json>> = prompts
             .prompts
@@ -399,7 +452,7 @@ impl MultiTurn {
             .map(|prompt| self.prompt_messages(prompt))
             .collect::<Result<_>>()?;
         let mut states: Vec<Row> = rows.iter().map(|&r| Row::new(r)).collect();
-        for turn in 0..p.max_turns {
+        for turn in 0..t.max_turns {
             let mut live = Vec::new();
             let mut limits = Vec::new();
             for (k, s) in states.iter_mut().enumerate() {
@@ -412,10 +465,42 @@ impl MultiTurn {
                     continue;
                 }
                 live.push(k);
-                limits.push(p.turn_limit().min(room));
+                limits.push(self.turn_limit().min(room));
             }
             if live.is_empty() {
                 break;
+            }
+            if let Some(key) = &t.replay_turns {
+                for (j, &k) in live.iter().enumerate() {
+                    let prompt = &prompts.prompts[states[k].row / n];
+                    let history = &prompt_messages[states[k].row / n];
+                    let turns = prompt.extra_info.get(key).and_then(Json::as_array);
+                    let Some(text) = turns.and_then(|v| v.get(turn)).and_then(Json::as_str) else {
+                        ensure!(
+                            turns.is_some(),
+                            "prompt {}: extra_info has no list `{key}` of turns to replay",
+                            prompt.uid
+                        );
+                        states[k].finish = Some(Finish::Stop);
+                        continue;
+                    };
+                    let mut tokens = self.template.encoder().tokenize(text)?;
+                    tokens.extend(self.eos);
+                    let cut = tokens.len() > limits[j];
+                    tokens.truncate(limits[j]);
+                    let zeros = vec![0.0; tokens.len()];
+                    self.after_turn(
+                        &mut states[k],
+                        &tokens,
+                        &zeros,
+                        !cut,
+                        turn,
+                        prompt,
+                        history,
+                        tokenizer,
+                    )?;
+                }
+                continue;
             }
             let contexts: Vec<(Vec<u32>, Vec<ProcessedImage>)> = live
                 .iter()
@@ -439,15 +524,15 @@ impl MultiTurn {
                 .collect();
             let config = GenerationConfig {
                 max_new_tokens: limits.iter().copied().max().unwrap_or(1),
-                sampling: p.rollout.sampling(),
+                sampling: p.sampling(),
                 stop_token_ids: self.stop_ids.clone(),
                 pad_token_id: prompts.pad_token_id,
                 suppress_token_ids: parts
                     .vision
                     .map(|v| v.vision_token_ids())
                     .unwrap_or_default(),
-                cache_budget: Some(gib_bytes(p.rollout.kv_cache_gib)),
-                prefill_tokens: Some(p.rollout.max_num_batched_tokens),
+                cache_budget: Some(gib_bytes(p.kv_cache_gib)),
+                prefill_tokens: Some(p.max_num_batched_tokens),
             };
             let generation = generate(parts, &inputs, &config, &seeds, device)
                 .with_context(|| format!("turn {} of model `{}`", turn + 1, self.model.name))?;
@@ -491,7 +576,7 @@ impl MultiTurn {
         prompt_messages: &[Json],
         tokenizer: &Tokenizer,
     ) -> Result<()> {
-        let p = &self.params;
+        let p = &self.turns;
         s.push(
             SegmentKind::Policy,
             tokens,
@@ -590,7 +675,7 @@ impl MultiTurn {
             .template
             .tool_segment(&history, &end, &answers, &new_pictures)
             .with_context(|| format!("response {} after turn {}", s.row, turn + 1))?;
-        if s.ids.len() + segment.ids.len() + 1 > p.rollout.max_new_tokens {
+        if s.ids.len() + segment.ids.len() + 1 > self.rollout.max_new_tokens {
             s.finish = Some(Finish::Budget);
             return Ok(());
         }
@@ -612,14 +697,24 @@ impl MultiTurn {
     }
 
     /// The prompt's messages in the layout its text was rendered with (verl's multimodal item
-    /// layout, or plain strings): the one whose rendering with the generation prompt is the
-    /// prompt's text.
+    /// layout, or plain strings): the one whose rendering with the generation prompt, with or
+    /// without the tools, is the prompt's text.
     fn prompt_messages(&self, prompt: &flowrl_datasets::Prompt) -> Result<Vec<Json>> {
         let template = &self.template.encoder().template;
         for multimodal in [true, false] {
-            let messages = multimodal_messages(&prompt.messages, multimodal);
-            if template.render(&messages, true).ok().as_deref() == Some(prompt.text.as_str()) {
-                return Ok(messages.as_array().cloned().unwrap_or_default());
+            let messages = multimodal_messages(&prompt.messages, multimodal)
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let text = Some(prompt.text.as_str());
+            if template
+                .render(&Json::Array(messages.clone()), true)
+                .ok()
+                .as_deref()
+                == text
+                || self.template.render(&messages, true).ok().as_deref() == text
+            {
+                return Ok(messages);
             }
         }
         Err(anyhow!(
@@ -629,9 +724,40 @@ impl MultiTurn {
         ))
     }
 
+    /// The prompts encoded again with the tools in the chat template's `tools` variable, when
+    /// the template writes them (the dataset renders prompts without tools): text, ids and
+    /// placeholder expansion as the dataset's encoder does them.
+    fn with_tools(&self, prompts: &Arc<PromptBatch>) -> Result<Arc<PromptBatch>> {
+        if !self.template.writes_tools() {
+            return Ok(prompts.clone());
+        }
+        let encoder = self.template.encoder();
+        let mut batch = (**prompts).clone();
+        for p in &mut batch.prompts {
+            let messages = self.prompt_messages(p)?;
+            let text = self.template.render(&messages, true)?;
+            if text == p.text {
+                continue;
+            }
+            let (videos, stills): (Vec<ProcessedImage>, Vec<ProcessedImage>) =
+                p.images.iter().cloned().partition(|i| i.video.is_some());
+            let mut ids = encoder.tokenize(&encoder.expand_video_text(&text, &videos)?)?;
+            if !stills.is_empty() {
+                let processor = encoder
+                    .processor
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("prompt {} has pictures but no processor", p.uid))?;
+                ids = processor.expand_placeholders(&ids, &stills)?;
+            }
+            p.input_ids = ids;
+            p.text = text;
+        }
+        Ok(Arc::new(batch))
+    }
+
     /// The batch of `rows` (in row order): padded matrices, texts, trajectories; checked.
     fn batch(&self, prompts: &Arc<PromptBatch>, mut rows: Vec<Row>) -> Result<RolloutBatch> {
-        let n = self.params.rollout.n;
+        let n = self.rollout.n;
         let b = rows.len();
         let t = rows.iter().map(|r| r.ids.len()).max().unwrap_or(0).max(1);
         let mut mask = TokenMatrix::zeros(b, t);

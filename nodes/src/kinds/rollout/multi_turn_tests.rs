@@ -135,44 +135,36 @@ fn multi_turn(dir: &Path, case: &Json) -> (MultiTurn, Arc<PromptEncoder>) {
             answers: Mutex::new(tool_answers(case)),
         }),
     );
-    let syntax = if case["family"] == "gemma4" {
-        CallSyntax::Gemma4
-    } else {
-        CallSyntax::Hermes
+    let rollout = RolloutParams {
+        model: "policy".into(),
+        n: 1,
+        greedy: true,
+        max_new_tokens: 2048,
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: -1,
+        stop: Vec::new(),
+        kv_cache_gib: 1.0,
+        max_num_batched_tokens: 8192,
     };
-    let params = MultiTurnParams {
-        rollout: RolloutParams {
-            model: "policy".into(),
-            n: 1,
-            greedy: true,
-            max_new_tokens: 2048,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            stop: Vec::new(),
-            kv_cache_gib: 1.0,
-            max_num_batched_tokens: 8192,
-        },
+    let turns = TurnParams {
         max_tokens_per_turn: None,
         max_turns: 8,
         max_tool_calls: 8,
         max_parallel_calls: 1,
-        format: "auto".into(),
-        tools: Json::Null,
+        format: if case["family"] == "gemma4" {
+            "gemma4"
+        } else {
+            "hermes"
+        }
+        .into(),
+        replay_turns: None,
+        tools: serde_json::json!({"zoom_in": {}}),
     };
-    let template = TurnTemplate::new(encoder.clone(), "policy").unwrap();
     let _ = dir;
-    (
-        MultiTurn {
-            params,
-            model,
-            stop_ids: Vec::new(),
-            template,
-            tools,
-            syntax,
-        },
-        encoder,
-    )
+    let mut mt = MultiTurn::new(rollout, turns, model).unwrap();
+    mt.tools = tools;
+    (mt, encoder)
 }
 
 /// The case's prompt, encoded by flowrl from its first message and picture.
@@ -424,4 +416,127 @@ fn training_sequences_carry_the_tool_pictures() {
             && err.to_string().contains("image tokens"),
         "{err}"
     );
+}
+
+/// Two prompts of a case (the same conversation under two uids).
+fn two_prompts(dir: &Path, case: &Json, encoder: &PromptEncoder) -> Arc<PromptBatch> {
+    let one = prompt(dir, case, encoder);
+    let mut batch = (*one).clone();
+    let mut second = batch.prompts[0].clone();
+    second.uid = "e0-1".into();
+    batch.prompts.push(second);
+    Arc::new(batch)
+}
+
+/// Without tool calls a multi-turn response is a rollout's: greedy, the same tokens as the
+/// `rollout` kind's; sampled, the same whether one replica or two run the rows.
+#[test]
+fn one_turn_is_a_rollout_and_replicas_agree() {
+    let (dir, case) = cases()
+        .into_iter()
+        .find(|(_, c)| c["family"] == "qwen2_vl")
+        .unwrap();
+    let (mut mt, encoder) = multi_turn(&dir, &case);
+    mt.tools = ToolSet::from_spec(&serde_json::json!({"zoom_in": {}})).unwrap();
+    mt.rollout.n = 3;
+    mt.rollout.max_new_tokens = 24;
+    let prompts = two_prompts(&dir, &case, &encoder);
+    let single = Replicas::single(DeviceSpec::Cpu(0));
+    let greedy = mt.sample(&prompts, &single, 5).unwrap();
+    let reference =
+        super::super::sample_rollouts_seeded(&mt.model, &prompts, &mt.rollout, &[], &single, 5)
+            .unwrap();
+    assert!(greedy.trajectories.iter().all(|t| t.tool_calls == 0));
+    assert_eq!(greedy.response_ids, reference.response_ids);
+    assert_eq!(greedy.response_mask, reference.response_mask);
+    assert_eq!(greedy.response_text, reference.response_text);
+
+    mt.rollout.greedy = false;
+    let one = mt.sample(&prompts, &single, 11).unwrap();
+    let placement = flowrl_engine::Placement {
+        devices: vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)],
+        cluster: None,
+    };
+    let two = mt
+        .sample(&prompts, &Replicas::new(&placement, "rollout").unwrap(), 11)
+        .unwrap();
+    assert_eq!(one.response_ids, two.response_ids);
+    let diff = one
+        .sampling_log_probs
+        .data
+        .iter()
+        .zip(&two.sampling_log_probs.data)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff < 1e-4, "sampling log-probs differ by {diff}");
+    assert_eq!(one.trajectories, two.trajectories);
+}
+
+/// Replayed turns (`replay_turns`, teacher forcing) give the conversation the reference
+/// renders: the turns tokenized with the EOS, the tools run, the template between them.
+#[test]
+fn replayed_turns_rebuild_the_reference_conversation() {
+    for (dir, case) in cases() {
+        let name = case["case"].as_str().unwrap().to_string();
+        let (mut mt, encoder) = multi_turn(&dir, &case);
+        mt.turns.replay_turns = Some("turns".into());
+        let texts: Vec<Json> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .map(|m| m["content"].clone())
+            .collect();
+        let mut batch = (*prompt(&dir, &case, &encoder)).clone();
+        batch.prompts[0].extra_info = serde_json::json!({ "turns": texts });
+        let out = mt
+            .sample(&Arc::new(batch), &Replicas::single(DeviceSpec::Cpu(0)), 0)
+            .unwrap();
+        let reference = ids_of(&case["input_ids"]);
+        let prompt_len = case["prompt_len"].as_u64().unwrap() as usize;
+        let end = case["assistant_spans"].as_array().unwrap().last().unwrap()[1]
+            .as_u64()
+            .unwrap() as usize;
+        assert_eq!(out.response_ids[0], reference[prompt_len..end], "{name}");
+        assert_eq!(out.trajectories[0].finish, Finish::Stop, "{name}");
+    }
+}
+
+/// A chat template that writes the tools (a `tools` block, as Qwen2.5's and Qwen3's do) gets
+/// the prompts encoded again with them; the pictures stay placed.
+#[test]
+fn templates_that_write_tools_see_them_in_the_prompt() {
+    let (dir, case) = cases()
+        .into_iter()
+        .find(|(_, c)| c["family"] == "qwen2_vl")
+        .unwrap();
+    let (mut mt, encoder) = multi_turn(&dir, &case);
+    mt.tools = ToolSet::from_spec(&serde_json::json!({"zoom_in": {}})).unwrap();
+    mt.rollout.max_new_tokens = 8;
+    let source = format!(
+        "{{% if tools %}}<|im_start|>system\n# Tools\n{{% for t in tools %}}{{{{ t.function.name }}}}\n{{% endfor %}}<|im_end|>\n{{% endif %}}{}",
+        encoder.template.source()
+    );
+    let with_tools = Arc::new(PromptEncoder::new(
+        flowrl_datasets::ChatTemplate::new(source).unwrap(),
+        encoder.tokenizer.clone(),
+        encoder.processor.clone(),
+    ));
+    mt.template = TurnTemplate::new(with_tools, "policy", mt.tools.functions()).unwrap();
+    // The dataset's prompt, encoded without the tools.
+    let prompts = prompt(&dir, &case, &encoder);
+    let out = mt
+        .sample(&prompts, &Replicas::single(DeviceSpec::Cpu(0)), 1)
+        .unwrap();
+    let text = encoder.tokenizer.decode(&out.prompt_ids[0], false).unwrap();
+    assert!(
+        text.starts_with("<|im_start|>system\n# Tools\nzoom_in\n<|im_end|>"),
+        "{text}"
+    );
+    assert_eq!(
+        &out.prompt_ids[0][out.prompt_ids[0].len() - prompts.prompts[0].input_ids.len()..],
+        prompts.prompts[0].input_ids.as_slice(),
+        "the rest of the prompt, pictures included, is the dataset's"
+    );
+    check_trajectory(&out, 0, mt.template.encoder()).unwrap();
 }

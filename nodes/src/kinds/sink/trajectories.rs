@@ -136,14 +136,20 @@ pub fn write_trajectories(dir: &Path, prefix: &str, step: u64, scores: &ScoreBat
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-        let mut turn_lengths = Vec::new();
-        if let Some(t) = trajectory {
-            for (k, p) in t.pictures.iter().enumerate() {
-                files.push(save(p, &format!("response{r}_tool_image{k}.png"))?);
+        let turn_lengths: Vec<usize> = match trajectory {
+            Some(t) => {
+                for (k, p) in t.pictures.iter().enumerate() {
+                    files.push(save(p, &format!("response{r}_tool_image{k}.png"))?);
+                }
+                messages.extend(t.messages.iter().cloned());
+                t.policy_segments().map(|s| s.len).collect()
             }
-            messages.extend(t.messages.iter().cloned());
-            turn_lengths = t.policy_segments().map(|s| s.len).collect();
-        }
+            // A single-turn response: one assistant turn, all the policy's.
+            None => {
+                messages.push(json!({"role": "assistant", "content": rollouts.response_text[r]}));
+                vec![rollouts.response_ids[r].len()]
+            }
+        };
         // Name each image part's file, in order.
         let mut next = files.iter();
         for m in &mut messages {

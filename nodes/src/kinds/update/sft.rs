@@ -2,7 +2,9 @@
 //! SFT graphs).
 //!
 //! Each prompt's target response is `response_template` with `{answer}` replaced by the prompt's
-//! ground truth, tokenized without special tokens, followed by the model's first EOS token. The loss
+//! ground truth, tokenized without special tokens, followed by the model's first EOS token; or,
+//! with `rollouts` wired instead of `prompts`, the rollouts' responses on their loss mask (a
+//! multi-turn conversation's tool and template tokens are not targets). The loss
 //! is the token-mean cross-entropy over the target tokens of the whole batch,
 //!
 //! ```text
@@ -53,6 +55,7 @@ use flowrl_models::lora::DropoutScope;
 pub struct SftUpdateKind;
 
 const PROMPTS: Port<PromptBatch> = Port::new("prompts", port_types::PROMPTS);
+const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
 
 #[derive(Debug, Clone, Deserialize, Params)]
 struct SftParams {
@@ -85,7 +88,36 @@ impl NodeKind for SftUpdateKind {
     }
 
     fn inputs(&self) -> Vec<PortSpec> {
-        vec![PROMPTS.spec()]
+        vec![
+            PROMPTS
+                .spec()
+                .optional()
+                .doc("prompts whose targets are `response_template` with their ground truth"),
+            ROLLOUTS.spec().optional().doc(
+                "or responses to imitate, on their loss mask (e.g. a `rollout.multi_turn` with \
+                 `replay_turns`: tool-using conversations, the tools' tokens masked out)",
+            ),
+        ]
+    }
+
+    fn validate(&self, ctx: &flowrl_engine::ValidateCtx) -> Vec<flowrl_engine::Diagnostic> {
+        let prompts = ctx.input(PROMPTS.name()).is_some();
+        let rollouts = ctx.input(ROLLOUTS.name()).is_some();
+        let mut out = Vec::new();
+        if prompts == rollouts {
+            out.push(ctx.error(
+                "inputs",
+                "wire exactly one of `prompts` (targets from `response_template`) and `rollouts` \
+                 (responses to imitate)",
+            ));
+        }
+        if rollouts && ctx.is_set("response_template") {
+            out.push(ctx.warning(
+                "response_template",
+                "`response_template` is ignored: the targets are the wired rollouts' responses",
+            ));
+        }
+        out
     }
 
     fn outputs(&self) -> Vec<PortSpec> {
@@ -217,8 +249,14 @@ pub fn target_batch(
 
 impl Node for SftNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
-        let prompts = inputs.get_arc(PROMPTS)?;
-        let batch = target_batch(&self.model, &prompts, &self.p.response_template)?;
+        let batch = match inputs.get_opt(ROLLOUTS)? {
+            Some(rollouts) => rollouts.clone(),
+            None => target_batch(
+                &self.model,
+                &inputs.get_arc(PROMPTS)?,
+                &self.p.response_template,
+            )?,
+        };
         on_backend!(self.model.backend(), B => self.step::<B>(&batch, ctx))
     }
 }
