@@ -734,8 +734,8 @@ pub fn synthesize(
 pub const ZOOM_IMAGE_SIZE: u32 = 448;
 /// `data_source` of the tool task.
 pub const ZOOM_DATA_SOURCE: &str = "flowrl/shapes_zoom";
-/// Side of the region a zoom looks at, centred on a quadrant's centre.
-pub const ZOOM_REGION: u32 = 112;
+/// Side of the region a zoom looks at, centred on a quadrant's centre (`zoom_in` doubles it).
+pub const ZOOM_REGION: u32 = 56;
 /// The quadrants as the questions name them, in reading order.
 pub const REGIONS: [&str; 4] = ["top left", "top right", "bottom left", "bottom right"];
 /// The tool task's hint, before the shapes task's instruction (the tiny tokenizer spells

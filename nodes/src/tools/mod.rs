@@ -10,13 +10,15 @@
 //! kind = "crop"
 //! ```
 //!
-//! Kinds: `crop` and `zoom_in` ([`zoom`]), `rotate` ([`rotate`]). A tool answers with text and
+//! Kinds: `crop` and `zoom_in` ([`zoom`]), `rotate` ([`rotate`]), and `exec` ([`exec`]): a
+//! program in any language over JSON lines. A tool answers with text and
 //! pictures ([`ToolOutput`]); a bad call (unknown tool, bad or missing arguments, a box outside
 //! the picture) is answered with an error message the model reads, and counted, never an error
 //! of the run. Calls are parsed from the turn's text in the family's syntax ([`call`]); the
 //! answers are rendered through the model's chat template ([`render`]).
 
 pub mod call;
+pub mod exec;
 pub mod render;
 pub mod rotate;
 pub mod zoom;
@@ -49,7 +51,7 @@ pub trait Tool: Send + Sync {
 }
 
 /// The tool kinds.
-pub const TOOL_KINDS: &[&str] = &["crop", "rotate", "zoom_in"];
+pub const TOOL_KINDS: &[&str] = &["crop", "exec", "rotate", "zoom_in"];
 
 /// A graph's tools by name.
 #[derive(Clone, Default)]
@@ -97,7 +99,7 @@ impl ToolSet {
                     continue;
                 }
             };
-            match build_tool(&kind, Json::Object(params)) {
+            match build_tool(&kind, name, Json::Object(params)) {
                 Ok(tool) => {
                     tools.insert(name.clone(), tool);
                 }
@@ -181,7 +183,7 @@ enum Problem {
     Params(String),
 }
 
-fn build_tool(kind: &str, params: Json) -> Result<Arc<dyn Tool>, Problem> {
+fn build_tool(kind: &str, name: &str, params: Json) -> Result<Arc<dyn Tool>, Problem> {
     fn parse<T: serde::de::DeserializeOwned>(params: Json) -> Result<T, Problem> {
         serde_json::from_value(params).map_err(|e| Problem::Params(e.to_string()))
     }
@@ -192,6 +194,7 @@ fn build_tool(kind: &str, params: Json) -> Result<Arc<dyn Tool>, Problem> {
             let _: rotate::RotateParams = parse(params)?;
             Arc::new(rotate::Rotate)
         }
+        "exec" => Arc::new(exec::ExecTool::new(name, parse(params)?).map_err(Problem::Params)?),
         _ => return Err(Problem::Kind),
     })
 }

@@ -46,7 +46,7 @@
 //! What this module does not do: it does not sandbox the program (it runs with flowrl's rights),
 //! and it sends no tensors but the per-token numbers of the text-level views in `wire`.
 
-mod process;
+pub(crate) mod process;
 mod protocol;
 mod wire;
 

@@ -36,6 +36,11 @@
 //! writes them (Qwen2.5's and Qwen3's system block, say) gets the prompts encoded again with them
 //! (the dataset encodes prompts without tools); the tiny models' templates do not read it.
 //!
+//! **Replayed turns** (`replay_turns = "KEY"`): the assistant turns are the texts of each
+//! prompt's `extra_info.KEY` list, tokenized and followed by the model's EOS, instead of
+//! sampled (log-probs 0); the tools run and the template renders as for sampled turns. With
+//! `update.sft` reading these rollouts it is SFT on tool-using conversations.
+//!
 //! `sink.trajectories` writes the responses, their messages and pictures as JSONL.
 //!
 //! Metrics: `response_length/*`, `prompt_length/*` as `rollout`; `num_turns/mean|max|min`
@@ -514,34 +519,46 @@ impl MultiTurn {
                     (ids, images)
                 })
                 .collect();
-            let inputs: Vec<PromptInput<'_>> = contexts
-                .iter()
-                .map(|(ids, images)| PromptInput { ids, images })
-                .collect();
             let seeds: Vec<u64> = live
                 .iter()
                 .map(|&k| turn_seed(base_seed, states[k].row, turn))
                 .collect();
-            let config = GenerationConfig {
-                max_new_tokens: limits.iter().copied().max().unwrap_or(1),
-                sampling: p.sampling(),
-                stop_token_ids: self.stop_ids.clone(),
-                pad_token_id: prompts.pad_token_id,
-                suppress_token_ids: parts
-                    .vision
-                    .map(|v| v.vision_token_ids())
-                    .unwrap_or_default(),
-                cache_budget: Some(gib_bytes(p.kv_cache_gib)),
-                prefill_tokens: Some(p.max_num_batched_tokens),
-            };
-            let generation = generate(parts, &inputs, &config, &seeds, device)
-                .with_context(|| format!("turn {} of model `{}`", turn + 1, self.model.name))?;
+            let lengths: Vec<usize> = contexts.iter().map(|(ids, _)| ids.len()).collect();
+            let mut generated = vec![(Vec::new(), Vec::new(), false); live.len()];
+            for group in fitting_groups(&lengths, &limits, parts.lm.context_length()) {
+                let inputs: Vec<PromptInput<'_>> = group
+                    .iter()
+                    .map(|&j| PromptInput {
+                        ids: &contexts[j].0,
+                        images: &contexts[j].1,
+                    })
+                    .collect();
+                let group_seeds: Vec<u64> = group.iter().map(|&j| seeds[j]).collect();
+                let config = GenerationConfig {
+                    max_new_tokens: group.iter().map(|&j| limits[j]).max().unwrap_or(1),
+                    sampling: p.sampling(),
+                    stop_token_ids: self.stop_ids.clone(),
+                    pad_token_id: prompts.pad_token_id,
+                    suppress_token_ids: parts
+                        .vision
+                        .map(|v| v.vision_token_ids())
+                        .unwrap_or_default(),
+                    cache_budget: Some(gib_bytes(p.kv_cache_gib)),
+                    prefill_tokens: Some(p.max_num_batched_tokens),
+                };
+                let g = generate(parts, &inputs, &config, &group_seeds, device)
+                    .with_context(|| format!("turn {} of model `{}`", turn + 1, self.model.name))?;
+                for (i, &j) in group.iter().enumerate() {
+                    generated[j] = (g.tokens[i].clone(), g.log_probs[i].clone(), g.stopped[i]);
+                }
+            }
             for (j, &k) in live.iter().enumerate() {
                 let limit = limits[j];
-                let cut = generation.tokens[j].len() > limit;
-                let tokens = &generation.tokens[j][..generation.tokens[j].len().min(limit)];
-                let log_probs = &generation.log_probs[j][..tokens.len()];
-                let stopped = generation.stopped[j] && !cut;
+                let (all, all_log_probs, ended) = &generated[j];
+                let cut = all.len() > limit;
+                let tokens = &all[..all.len().min(limit)];
+                let log_probs = &all_log_probs[..tokens.len()];
+                let stopped = *ended && !cut;
                 let prompt = &prompts.prompts[states[k].row / n];
                 let history = &prompt_messages[states[k].row / n];
                 self.after_turn(
@@ -825,6 +842,33 @@ fn for_template(message: &Json) -> Json {
         o.remove("tool_calls");
     }
     m
+}
+
+/// The rows of a turn in groups that one generation call can take: each group's longest
+/// context plus its largest token limit fits the model's `context` (each row fits alone: its
+/// prompt and the response budget do). Longest contexts first, so a group's rows are of like
+/// lengths (less padding, a smaller reserved cache); every row keeps its own seed, so the
+/// grouping does not change what it samples.
+fn fitting_groups(lengths: &[usize], limits: &[usize], context: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&j| (std::cmp::Reverse(lengths[j]), j));
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let (mut longest, mut limit) = (0, 0);
+    for j in order {
+        let fits = lengths[j].max(longest) + limits[j].max(limit) <= context;
+        if !current.is_empty() && !fits {
+            groups.push(std::mem::take(&mut current));
+            (longest, limit) = (0, 0);
+        }
+        longest = longest.max(lengths[j]);
+        limit = limit.max(limits[j]);
+        current.push(j);
+    }
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    groups
 }
 
 /// The seed of response `row`'s turn `turn` in a step whose RNG drew `base`.

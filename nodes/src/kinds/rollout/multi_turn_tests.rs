@@ -540,3 +540,19 @@ fn templates_that_write_tools_see_them_in_the_prompt() {
     );
     check_trajectory(&out, 0, mt.template.encoder()).unwrap();
 }
+
+/// Rows whose longest context and largest limit would pass the model's context together are
+/// generated in separate calls; each group fits, longest contexts first.
+#[test]
+fn a_turns_rows_are_grouped_to_fit_the_context() {
+    // Contexts 341 and 120 with limits 20 and 175: together 341 + 175 > 512.
+    let groups = fitting_groups(&[120, 341, 300], &[175, 20, 60], 512);
+    assert_eq!(groups, vec![vec![1, 2], vec![0]]);
+    for g in &groups {
+        let longest = g.iter().map(|&j| [120, 341, 300][j]).max().unwrap();
+        let limit = g.iter().map(|&j| [175, 20, 60][j]).max().unwrap();
+        assert!(longest + limit <= 512);
+    }
+    assert_eq!(fitting_groups(&[10, 20], &[5, 5], 512), vec![vec![1, 0]]);
+    assert!(fitting_groups(&[], &[], 512).is_empty());
+}
