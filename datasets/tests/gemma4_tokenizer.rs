@@ -40,6 +40,7 @@ fn committed_gemma4_tokenizer_is_reproduced_by_synth() {
         out: dir.path().join("data"),
         tokenizer_out: dir.path().join("tok"),
         gemma4_tokenizer_out: Some(dir.path().join("tok-gemma4")),
+        task: "shapes".into(),
         seed: 3,
         train: 4,
         test: 2,
