@@ -167,3 +167,59 @@ fn tool_declarations_are_checked_before_the_run() {
         "diagnostics point into the graph: {err}"
     );
 }
+
+/// `flowrl graph FILE --format json` (the graph as compiled, defaults filled in).
+fn compiled(graph: &str) -> Value {
+    let out = flowrl(&["graph", graph, "--format", "json"]);
+    assert!(out.status.success(), "{graph}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The shipped tool graph and its twin without tools are the same graph but for the tools:
+/// the same nodes, wiring and parameters, except the rollout's kind and the turn parameters.
+#[test]
+fn the_no_tools_twin_is_the_tools_graph_without_tools() {
+    let tools = compiled("graphs/grpo_vlm_tools.toml");
+    let twin = compiled("graphs/grpo_vlm_no_tools.toml");
+    assert_eq!(tools["order"], twin["order"]);
+    let turn_keys = [
+        "tools",
+        "max_turns",
+        "max_tool_calls",
+        "max_parallel_calls",
+        "max_tokens_per_turn",
+        "format",
+        "replay_turns",
+    ];
+    let strip = |g: &Value| -> Vec<Value> {
+        g["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                if n["kind"] == "rollout.multi_turn" {
+                    n["kind"] = "rollout".into();
+                }
+                if let Some(p) = n.get_mut("params").and_then(Value::as_object_mut) {
+                    for k in turn_keys {
+                        p.remove(k);
+                    }
+                }
+                n
+            })
+            .collect()
+    };
+    assert_eq!(strip(&tools), strip(&twin));
+    let rollout = |g: &Value| {
+        g["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "rollout")
+            .unwrap()["kind"]
+            .clone()
+    };
+    assert_eq!(rollout(&tools), "rollout.multi_turn");
+    assert_eq!(rollout(&twin), "rollout");
+}
