@@ -11,6 +11,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+use common::small_task;
+
 const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
 
 fn root() -> &'static Path {
@@ -34,19 +37,6 @@ fn compiled(graph: &str) -> Value {
     let out = flowrl(&["graph", graph, "--format", "json"]);
     assert!(out.status.success(), "{graph}: {}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Small train/test splits of the shapes task in `dir`.
-fn small_task(dir: &Path) -> (String, String) {
-    use flowrl_datasets::synth::{DEFAULT_SEED, sample, write_split};
-    let mut paths = Vec::new();
-    for (split, n) in [("train", 16u64), ("test", 8)] {
-        let samples: Vec<_> = (0..n).map(|i| sample(DEFAULT_SEED, split, i)).collect();
-        let path = dir.join(format!("{split}.parquet"));
-        write_split(&path, split, &samples).unwrap();
-        paths.push(path.display().to_string());
-    }
-    (paths[0].clone(), paths[1].clone())
 }
 
 fn metrics(run: &Path) -> Vec<Value> {

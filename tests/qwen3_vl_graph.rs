@@ -13,6 +13,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+use common::small_task;
+
 const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
 const GRAPH: &str = "graphs/grpo_qwen3_vl.toml";
 const POLICY: &str = "assets/tiny-qwen3-vl";
@@ -38,19 +41,6 @@ fn compiled(graph: &str) -> Value {
     let out = flowrl(&["graph", graph, "--format", "json"]);
     assert!(out.status.success(), "{graph}: {}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Small train/test splits of the shapes task in `dir`.
-fn small_task(dir: &Path) -> (String, String) {
-    use flowrl_datasets::synth::{DEFAULT_SEED, sample, write_split};
-    let mut paths = Vec::new();
-    for (split, n) in [("train", 16u64), ("test", 8)] {
-        let samples: Vec<_> = (0..n).map(|i| sample(DEFAULT_SEED, split, i)).collect();
-        let path = dir.join(format!("{split}.parquet"));
-        write_split(&path, split, &samples).unwrap();
-        paths.push(path.display().to_string());
-    }
-    (paths[0].clone(), paths[1].clone())
 }
 
 fn metrics(run: &Path) -> Vec<Value> {

@@ -10,6 +10,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+use common::small_task;
+
 const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
 
 fn root() -> &'static Path {
@@ -18,19 +21,6 @@ fn root() -> &'static Path {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).to_string()
-}
-
-/// Small train/test splits of the shapes task in `dir`.
-fn small_task(dir: &Path) -> (String, String) {
-    use flowrl_datasets::synth::{DEFAULT_SEED, sample, write_split};
-    let mut paths = Vec::new();
-    for (split, n) in [("train", 16u64), ("test", 8)] {
-        let samples: Vec<_> = (0..n).map(|i| sample(DEFAULT_SEED, split, i)).collect();
-        let path = dir.join(format!("{split}.parquet"));
-        write_split(&path, split, &samples).unwrap();
-        paths.push(path.display().to_string());
-    }
-    (paths[0].clone(), paths[1].clone())
 }
 
 /// The default graph with a multi-turn rollout (tools `tools`) and a trajectory sink.
@@ -52,18 +42,8 @@ fn graph(dir: &Path, tools: &str) -> String {
     path.display().to_string()
 }
 
-const SMALL: &[&str] = &[
-    "--set",
-    "nodes.data.batch_size=4",
-    "--set",
-    "nodes.rollout.n=4",
-    "--set",
-    "nodes.update.mini_batch_size=2",
-    "--set",
-    "nodes.update.micro_batch_size=4",
-    "--set",
-    "run.checkpoint_every=0",
-];
+/// The default graph's small settings, no checkpoints.
+const SMALL: &[&str] = &["--set", "run.checkpoint_every=0"];
 
 fn flowrl(args: &[&str]) -> Output {
     Command::new(BIN)
@@ -86,6 +66,7 @@ fn a_multi_turn_graph_runs_and_writes_readable_trajectories() {
         "--out",
         out.to_str().unwrap(),
     ];
+    args.extend_from_slice(common::SMALL);
     args.extend_from_slice(SMALL);
     let run = flowrl(&args);
     assert!(run.status.success(), "{}", text(&run.stderr));

@@ -121,19 +121,9 @@ pub fn sample(seed: u64, split: &str, index: u64) -> ShapeSample {
     let (kind, wordings) = QUESTIONS[rng.below(3) as usize];
     let wording = wordings[rng.below(wordings.len() as u64) as usize];
 
-    // Background: a light tint, R,G,B each in 225..=255.
-    let bg = [
-        rng.range(225, 255) as u8,
-        rng.range(225, 255) as u8,
-        rng.range(225, 255) as u8,
-    ];
-    let mut image = RgbImage::from_pixel(IMAGE_SIZE, IMAGE_SIZE, Rgb(bg));
+    let mut image = RgbImage::from_pixel(IMAGE_SIZE, IMAGE_SIZE, Rgb(light_tint(&mut rng)));
     // `count` distinct quadrants, each shape centred in its quadrant with a small jitter.
-    let mut quadrants = [0usize, 1, 2, 3];
-    for i in (1..4).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        quadrants.swap(i, j);
-    }
+    let quadrants = shuffled4(&mut rng);
     let half = IMAGE_SIZE / 2;
     for &q in &quadrants[..count] {
         let r = rng.range(8, 11) as i32; // half-size of the shape
@@ -155,6 +145,25 @@ pub fn sample(seed: u64, split: &str, index: u64) -> ShapeSample {
         data_source: DATA_SOURCE,
         turns: Vec::new(),
     }
+}
+
+/// A light background tint: R, G, B each in 225..=255, drawn in that order.
+fn light_tint(rng: &mut SplitMix64) -> [u8; 3] {
+    [
+        rng.range(225, 255) as u8,
+        rng.range(225, 255) as u8,
+        rng.range(225, 255) as u8,
+    ]
+}
+
+/// 0, 1, 2, 3 in a random order (Fisher–Yates from the end).
+fn shuffled4(rng: &mut SplitMix64) -> [usize; 4] {
+    let mut v = [0usize, 1, 2, 3];
+    for i in (1..4).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        v.swap(i, j);
+    }
+    v
 }
 
 /// Fills a circle (radius r), square (side 2r) or upward triangle (height 2r) centred at (cx, cy).
@@ -770,17 +779,9 @@ pub fn zoom_sample(seed: u64, split: &str, index: u64) -> ShapeSample {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
     });
     let mut rng = SplitMix64(seed ^ split_salt ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let bg = [
-        rng.range(225, 255) as u8,
-        rng.range(225, 255) as u8,
-        rng.range(225, 255) as u8,
-    ];
-    let mut image = RgbImage::from_pixel(ZOOM_IMAGE_SIZE, ZOOM_IMAGE_SIZE, Rgb(bg));
-    let mut colours = [0usize, 1, 2, 3];
-    for i in (1..4).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        colours.swap(i, j);
-    }
+    let mut image =
+        RgbImage::from_pixel(ZOOM_IMAGE_SIZE, ZOOM_IMAGE_SIZE, Rgb(light_tint(&mut rng)));
+    let colours = shuffled4(&mut rng);
     for (q, &c) in colours.iter().enumerate() {
         let [x1, y1, x2, y2] = region_box(q);
         let shape = SHAPES[rng.below(3) as usize];

@@ -1,5 +1,6 @@
 //! Helpers shared by the end-to-end tests that run the default GRPO graph through the `flowrl`
-//! binary (main_job_grpo.rs, scale_out.rs, vulkan.rs, lora_graph.rs).
+//! binary (main_job_grpo.rs, scale_out.rs, vulkan.rs, lora_graph.rs, and the other families'
+//! and the tools' graphs).
 
 #![allow(dead_code)] // each test binary uses its own subset
 
@@ -45,6 +46,20 @@ pub const SMALL: &[&str] = &[
     "--set",
     "nodes.update.micro_batch_size=4",
 ];
+
+/// A 16-row training file and an 8-row validation file of the shapes task in `dir` (the
+/// generator's default seed): (train path, validation path).
+pub fn small_task(dir: &Path) -> (String, String) {
+    use flowrl_datasets::synth::{DEFAULT_SEED, sample, write_split};
+    let mut paths = Vec::new();
+    for (split, n) in [("train", 16u64), ("test", 8)] {
+        let samples: Vec<_> = (0..n).map(|i| sample(DEFAULT_SEED, split, i)).collect();
+        let path = dir.join(format!("{split}.parquet"));
+        write_split(&path, split, &samples).unwrap();
+        paths.push(path.display().to_string());
+    }
+    (paths[0].clone(), paths[1].clone())
+}
 
 /// A run directory's metrics.jsonl without the wall-clock entries (timings, throughput).
 pub fn metrics(dir: &Path) -> Vec<Value> {

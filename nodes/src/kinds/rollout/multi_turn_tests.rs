@@ -428,16 +428,22 @@ fn two_prompts(dir: &Path, case: &Json, encoder: &PromptEncoder) -> Arc<PromptBa
     Arc::new(batch)
 }
 
-/// Without tool calls a multi-turn response is a rollout's: greedy, the same tokens as the
-/// `rollout` kind's; sampled, the same whether one replica or two run the rows.
-#[test]
-fn one_turn_is_a_rollout_and_replicas_agree() {
+/// The first Qwen2-VL case and its multi-turn rollout with the crate's own `zoom_in` tool.
+fn qwen2_vl_with_zoom() -> (PathBuf, Json, MultiTurn, Arc<PromptEncoder>) {
     let (dir, case) = cases()
         .into_iter()
         .find(|(_, c)| c["family"] == "qwen2_vl")
         .unwrap();
     let (mut mt, encoder) = multi_turn(&dir, &case);
     mt.tools = ToolSet::from_spec(&serde_json::json!({"zoom_in": {}})).unwrap();
+    (dir, case, mt, encoder)
+}
+
+/// Without tool calls a multi-turn response is a rollout's: greedy, the same tokens as the
+/// `rollout` kind's; sampled, the same whether one replica or two run the rows.
+#[test]
+fn one_turn_is_a_rollout_and_replicas_agree() {
+    let (dir, case, mut mt, encoder) = qwen2_vl_with_zoom();
     mt.rollout.n = 3;
     mt.rollout.max_new_tokens = 24;
     let prompts = two_prompts(&dir, &case, &encoder);
@@ -506,12 +512,7 @@ fn replayed_turns_rebuild_the_reference_conversation() {
 /// the prompts encoded again with them; the pictures stay placed.
 #[test]
 fn templates_that_write_tools_see_them_in_the_prompt() {
-    let (dir, case) = cases()
-        .into_iter()
-        .find(|(_, c)| c["family"] == "qwen2_vl")
-        .unwrap();
-    let (mut mt, encoder) = multi_turn(&dir, &case);
-    mt.tools = ToolSet::from_spec(&serde_json::json!({"zoom_in": {}})).unwrap();
+    let (dir, case, mut mt, encoder) = qwen2_vl_with_zoom();
     mt.rollout.max_new_tokens = 8;
     let source = format!(
         "{{% if tools %}}<|im_start|>system\n# Tools\n{{% for t in tools %}}{{{{ t.function.name }}}}\n{{% endfor %}}<|im_end|>\n{{% endif %}}{}",
