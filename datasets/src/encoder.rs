@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use flowrl_models::capabilities::{
     ImageProcessor, ProcessedImage, VideoFrames, VideoProcessor, load_image_processor,
 };
@@ -190,6 +190,48 @@ impl PromptEncoder {
         Ok(out)
     }
 
+    /// Step 4 of the module doc: `pictures` processed by the image processor, and `ids` with the
+    /// k-th image placeholder expanded to picture k's tokens; an error when the placeholders and
+    /// the pictures do not pair up one to one.
+    pub fn expand_pictures<P: std::borrow::Borrow<RgbImage>>(
+        &self,
+        ids: &[u32],
+        pictures: &[P],
+    ) -> Result<(Vec<u32>, Vec<ProcessedImage>)> {
+        let Some(processor) = &self.processor else {
+            ensure!(
+                pictures.is_empty(),
+                "the prompt has {} image(s) but the model has no image processor (no preprocessor_config.json)",
+                pictures.len()
+            );
+            return Ok((ids.to_vec(), Vec::new()));
+        };
+        let token = processor.placeholder_token();
+        let token_id = self.tokenizer.token_to_id(token).ok_or_else(|| {
+            anyhow!("the tokenizer has no token `{token}` (the image processor's placeholder)")
+        })?;
+        let emitted = ids.iter().filter(|&&t| t == token_id).count();
+        ensure!(
+            emitted == pictures.len(),
+            "the chat template emitted {emitted} `{token}` token(s) for {} image(s)",
+            pictures.len()
+        );
+        if pictures.is_empty() {
+            return Ok((ids.to_vec(), Vec::new()));
+        }
+        let processed = pictures
+            .iter()
+            .enumerate()
+            .map(|(k, img)| {
+                processor
+                    .process(img.borrow())
+                    .with_context(|| format!("processing image {k}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ids = processor.expand_placeholders(ids, &processed)?;
+        Ok((ids, processed))
+    }
+
     /// The whole flow of the module doc for one prompt. `images` are in placeholder order.
     pub fn encode(
         &self,
@@ -212,41 +254,11 @@ impl PromptEncoder {
         let text = self.render(messages, multimodal)?;
         let processed_videos = self.process_videos(videos)?;
         let ids = self.tokenize(&self.expand_video_text(&text, &processed_videos)?)?;
-        if images.is_empty() {
-            let num_image_tokens = processed_videos.iter().map(|p| p.num_tokens).sum();
-            return Ok(EncodedPrompt {
-                text,
-                input_ids: ids,
-                images: interleave(messages, Vec::new(), processed_videos)?,
-                num_image_tokens,
-            });
-        }
-        let Some(processor) = &self.processor else {
-            bail!(
-                "the prompt has {} image(s) but the model has no image processor (no preprocessor_config.json)",
-                images.len()
-            );
+        let (input_ids, processed) = if images.is_empty() {
+            (ids, Vec::new())
+        } else {
+            self.expand_pictures(&ids, images)?
         };
-        let token = processor.placeholder_token();
-        let token_id = self.tokenizer.token_to_id(token).ok_or_else(|| {
-            anyhow!("the tokenizer has no token `{token}` (the image processor's placeholder)")
-        })?;
-        let emitted = ids.iter().filter(|&&t| t == token_id).count();
-        ensure!(
-            emitted == images.len(),
-            "the chat template emitted {emitted} `{token}` token(s) for {} image(s)",
-            images.len()
-        );
-        let processed = images
-            .iter()
-            .enumerate()
-            .map(|(k, img)| {
-                processor
-                    .process(img)
-                    .with_context(|| format!("processing image {k}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let input_ids = processor.expand_placeholders(&ids, &processed)?;
         let images = interleave(messages, processed, processed_videos)?;
         let num_image_tokens = images.iter().map(|p| p.num_tokens).sum();
         Ok(EncodedPrompt {

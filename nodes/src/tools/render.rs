@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result, anyhow};
 use flowrl_datasets::PromptEncoder;
 use flowrl_models::ProcessedImage;
 use image::RgbImage;
@@ -152,38 +152,14 @@ impl TurnTemplate {
         ids: Vec<u32>,
         pictures: &[Arc<RgbImage>],
     ) -> Result<(Vec<u32>, Vec<ProcessedImage>)> {
-        let Some(processor) = &self.encoder.processor else {
-            ensure!(
-                pictures.is_empty(),
-                "model `{}` has no image processor: its tools cannot answer with pictures",
+        let pictures: Vec<&RgbImage> = pictures.iter().map(|p| p.as_ref()).collect();
+        self.encoder.expand_pictures(&ids, &pictures).with_context(|| {
+            format!(
+                "model `{}`: the tool answer's pictures (a template that drops pictures in tool \
+                 messages would train a policy on pictures it never saw)",
                 self.model
-            );
-            return Ok((ids, Vec::new()));
-        };
-        let placeholder = self.encoder.image_token_id();
-        let written = placeholder.map_or(0, |p| ids.iter().filter(|&&t| t == p).count());
-        ensure!(
-            written == pictures.len(),
-            "model `{}`: the chat template wrote {written} image placeholder(s) for the {} \
-             picture(s) of the tool answer (a template that drops pictures in tool messages \
-             would train a policy on pictures it never saw)",
-            self.model,
-            pictures.len()
-        );
-        if pictures.is_empty() {
-            return Ok((ids, Vec::new()));
-        }
-        let images = pictures
-            .iter()
-            .enumerate()
-            .map(|(k, p)| {
-                processor
-                    .process(p)
-                    .with_context(|| format!("processing tool picture {k}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let ids = processor.expand_placeholders(&ids, &images)?;
-        Ok((ids, images))
+            )
+        })
     }
 }
 

@@ -165,13 +165,7 @@ impl NodeKind for RolloutKind {
     }
 
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
-        let p = ctx.parse::<RolloutParams>().ok()?;
-        let mut f = Footprint::default();
-        let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
-            return Some(f);
-        };
-        generation_footprint(&mut f, &m, ctx, Generation::of(&p, prompts));
-        Some(f)
+        rollout_footprint(ctx, &ctx.parse::<RolloutParams>().ok()?)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
@@ -186,6 +180,16 @@ impl NodeKind for RolloutKind {
             stop_ids,
         }))
     }
+}
+
+/// The footprint of a rollout with `p`: its generation over the upstream prompts.
+pub(crate) fn rollout_footprint(ctx: &PlanCtx, p: &RolloutParams) -> Option<Footprint> {
+    let mut f = Footprint::default();
+    let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
+        return Some(f);
+    };
+    generation_footprint(&mut f, &m, ctx, Generation::of(p, prompts));
+    Some(f)
 }
 
 /// What a generating node asks of [`generate`], for its footprint.

@@ -67,13 +67,12 @@ use serde_json::{Value as Json, json};
 use tokenizers::Tokenizer;
 
 use super::{
-    Generation, RolloutParams, generation_footprint, gib_bytes, record_length_metrics,
-    stop_token_ids, validate_generation,
+    RolloutParams, gib_bytes, record_length_metrics, rollout_footprint, stop_token_ids,
+    validate_generation,
 };
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, on_backend};
 use crate::runtime::data_parallel::{Replica, Replicas, shard};
-use crate::sizing::planned_prompts;
 use crate::tools::ToolSet;
 use crate::tools::call::CallSyntax;
 use crate::tools::render::{TurnTemplate, tool_message};
@@ -215,13 +214,7 @@ impl NodeKind for MultiTurnKind {
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
         // Every turn's context is at most the prompt and the response budget: the cache a
         // single-turn rollout of `max_new_tokens` reserves.
-        let p = ctx.parse::<MultiTurnParams>().ok()?;
-        let mut f = Footprint::default();
-        let Some((m, prompts)) = planned_prompts(ctx, &mut f) else {
-            return Some(f);
-        };
-        generation_footprint(&mut f, &m, ctx, Generation::of(&p.rollout, prompts));
-        Some(f)
+        rollout_footprint(ctx, &ctx.parse::<MultiTurnParams>().ok()?.rollout)
     }
 
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
@@ -784,12 +777,13 @@ impl MultiTurn {
         let tokenizer = &self.template.encoder().tokenizer;
         let processor = self.template.encoder().processor.clone();
         for (i, row) in rows.iter_mut().enumerate() {
-            if row.images.len() != row.pictures.len() {
+            let pictures = row.pictures();
+            // Rows from other replicas arrive without their processed pictures.
+            if row.images.len() != pictures.len() {
                 let processor = processor.as_ref().ok_or_else(|| {
                     anyhow!("tool pictures for a model without an image processor")
                 })?;
-                row.images = row
-                    .pictures()
+                row.images = pictures
                     .iter()
                     .map(|p| processor.process(p))
                     .collect::<Result<_>>()?;
@@ -798,7 +792,7 @@ impl MultiTurn {
                 messages: std::mem::take(&mut row.messages),
                 segments: std::mem::take(&mut row.segments),
                 images: std::mem::take(&mut row.images),
-                pictures: row.pictures(),
+                pictures,
                 tool_calls: row.tool_calls,
                 tool_errors: row.tool_errors,
                 finish: row.finish.unwrap_or(Finish::Stop),
