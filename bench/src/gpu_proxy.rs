@@ -48,6 +48,7 @@ use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch};
 use flowrl_nodes::backend::FlowBackend;
 use flowrl_nodes::train::checkpoint::TrunkBackward;
+use flowrl_nodes::train::grad_sum::GradSum;
 use flowrl_nodes::train::optim::{AdamW, AdamWConfig};
 use flowrl_nodes::train::sequences::chunked_loss_backward;
 use serde_json::json;
@@ -382,6 +383,7 @@ fn update_pass(model: &mut Model<GpuAd>, x: &Batch, device: &WgpuDevice) -> Resu
         .causal_lm()
         .forward_hidden(ids, embeds, positions, mask, None);
     let response = hidden.narrow(1, PROMPT - 1, x.new);
+    let mut sum = GradSum::on_device();
     let out = chunked_loss_backward(
         model,
         model,
@@ -390,8 +392,10 @@ fn update_pass(model: &mut Model<GpuAd>, x: &Batch, device: &WgpuDevice) -> Resu
         1.0,
         CHUNK,
         |lp, _| ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, device),
+        &mut sum,
     )?;
-    let grads: GradientsParams = out.grads.context("non-finite loss")?;
+    anyhow::ensure!(out.loss.is_finite(), "non-finite loss");
+    let grads: GradientsParams = sum.into_device();
     let mut opt = AdamW::<GpuAd>::new(AdamWConfig::default());
     *model = opt.step(1e-6, model.clone(), grads);
     Ok(())
