@@ -132,7 +132,7 @@ fn the_zoom_task_is_reproduced_and_its_zoom_frames_the_answer() {
             .filter(|&(x, y)| s.image.get_pixel(x, y).0 == colour)
             .count();
         assert!(
-            seen >= 30,
+            seen >= 20,
             "sample {i}: {seen} pixels of the answer's colour in the box"
         );
         assert!(
