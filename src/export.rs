@@ -169,7 +169,7 @@ fn base_dir(run_dir: &Path, name: &str) -> Result<PathBuf> {
         .and_then(|m| m.get("path"))
         .and_then(|p| p.as_str())
         .with_context(|| format!("{} has no `[models.{name}] path`", file.display()))?;
-    let dir = PathBuf::from(path);
+    let dir = flowrl_models::hub::resolve_model_path(Path::new(path))?;
     ensure!(
         dir.join("config.json").is_file(),
         "the base model of `{name}`, `{path}` (from {}), is not a Hugging Face directory here; \

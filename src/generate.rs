@@ -60,7 +60,8 @@ Examples:
 pub struct GenerateArgs {
     /// A Hugging Face model directory (config.json, weights, tokenizer.json, a chat template;
     /// preprocessor_config.json for images), e.g. a run's
-    /// `checkpoints/step_NNNNNN/resources/policy/model`.
+    /// `checkpoints/step_NNNNNN/resources/policy/model`, or a hub id (`org/name`,
+    /// `org/name@revision`) in the local Hugging Face cache.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors, e.g. a
@@ -322,7 +323,8 @@ fn generate(args: &GenerateArgs) -> Result<(), Failure> {
         ));
     }
     let message = user_message(&text, args.images.len())?;
-    let dir = &args.model;
+    let dir = &flowrl_models::hub::resolve_model_path(&args.model)
+        .map_err(|e| anyhow!("--model {e:#}"))?;
     check_model_dir(dir)?;
     if !args.images.is_empty() && !dir.join("preprocessor_config.json").is_file() {
         return Err(anyhow!(

@@ -141,6 +141,63 @@ fn a_missing_model_directory_is_a_configuration_error() {
     );
 }
 
+/// A hub id resolves through a Hugging Face cache laid out as `huggingface_hub` lays it out
+/// (`refs/main` holds the commit, `snapshots/<commit>/` links into `blobs/`), with no network;
+/// an id the cache lacks is a configuration error with the command that downloads it.
+#[test]
+fn hub_ids_resolve_through_the_local_cache() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cache = tempfile::tempdir().unwrap();
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = cache.path().join("models--flowrl--tiny-qwen2-vl");
+    let snapshot = repo.join("snapshots").join(commit);
+    for dir in [&snapshot, &repo.join("blobs"), &repo.join("refs")] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    for (i, entry) in std::fs::read_dir(root.join("assets/tiny-qwen2-vl"))
+        .unwrap()
+        .enumerate()
+    {
+        let entry = entry.unwrap();
+        let blob = repo.join("blobs").join(format!("blob{i}"));
+        std::fs::copy(entry.path(), &blob).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new("../../blobs").join(blob.file_name().unwrap()),
+            snapshot.join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    let out_dir = tempfile::tempdir().unwrap();
+    let run = |path: &str| {
+        Command::new(BIN)
+            .current_dir(root)
+            .env("HF_HUB_CACHE", cache.path())
+            .args(["run", "graphs/grpo_vlm.toml", "--steps", "1", "--out"])
+            .arg(out_dir.path().join(path.replace('/', "_")))
+            .args(["--set", &format!("models.policy.path=\"{path}\"")])
+            .output()
+            .unwrap()
+    };
+    let out = run("flowrl/tiny-qwen2-vl");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run("flowrl/tiny-qwen2-vl@v2");
+    assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(
+        e.contains("has no snapshot for revision `v2`")
+            && e.contains("`huggingface-cli download flowrl/tiny-qwen2-vl --revision v2`"),
+        "{e}"
+    );
+    let out = run("Qwen/Qwen2.5-VL-7B-Instruct");
+    let e = stderr(&out);
+    assert!(
+        e.contains("models--Qwen--Qwen2.5-VL-7B-Instruct does not exist")
+            && e.contains("`huggingface-cli download Qwen/Qwen2.5-VL-7B-Instruct`"),
+        "{e}"
+    );
+}
+
 /// verl's `use_kl_loss = False`: leaving out the `kl` table turns the KL loss off, so the
 /// reference log-probs need not be wired (on-policy runs without a reference model).
 #[test]

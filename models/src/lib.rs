@@ -22,6 +22,7 @@ pub mod config_checks;
 pub mod family;
 pub mod gemma4;
 pub mod generate;
+pub mod hub;
 pub mod image;
 pub mod kernels;
 pub mod layers;

@@ -63,12 +63,16 @@ pub fn prompt_source_upstream<'a>(view: &NodeView<'a>) -> Option<(NodeView<'a>, 
     Some((d, d.params().parse().ok()?))
 }
 
-/// The directory of a model resource, following `from` copies to their source.
+/// The directory of a model resource, following `from` copies to their source (a hub id
+/// resolved through the local cache; as written when it is not there).
 pub fn model_dir(view: ResourceView<'_>) -> Option<String> {
     let mut v = view;
     for _ in 0..16 {
         if let Some(p) = v.params().get_str("path") {
-            return Some(p.to_string());
+            return Some(match flowrl_models::hub::resolve_model_path(Path::new(p)) {
+                Ok(dir) => dir.display().to_string(),
+                Err(_) => p.to_string(),
+            });
         }
         v = v.follow("from")?;
     }

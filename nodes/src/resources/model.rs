@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! [models.policy]
-//! path = "assets/tiny-qwen2-vl"   # a Hugging Face model directory
+//! path = "assets/tiny-qwen2-vl"   # a Hugging Face model directory, or a hub id in the local
+//!                                 # cache ("Qwen/Qwen2.5-VL-3B-Instruct", "org/name@revision")
 //! [models.reference]
 //! from = "policy"                 # a frozen copy of another model resource (its initial weights)
 //! ```
@@ -47,6 +48,7 @@ use flowrl_engine::{
     PlanCtx, ResourceKind, ResourcePlan, ResourceValue, ValidateCtx,
 };
 use flowrl_models::Model;
+use flowrl_models::hub::resolve_model_path;
 use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter, read_peft_config};
 use flowrl_models::shape::ModelShape;
 use flowrl_models::value_head::{VALUE_HEAD_FILE, ValueHead, ValueModel, initializer_range};
@@ -620,7 +622,8 @@ pub(crate) enum ModelInit {
 /// The parameters of a `[models.*]` resource.
 #[derive(Deserialize, Params)]
 pub(crate) struct ModelParams {
-    /// Hugging Face model directory (config.json, safetensors, tokenizer)
+    /// Hugging Face model directory (config.json, safetensors, tokenizer), or a hub id
+    /// (`org/name`, `org/name@revision`) found in the local Hugging Face cache
     pub(crate) path: Option<PathBuf>,
     /// copy this model resource's initial weights, frozen (of a LoRA model: its base, the same
     /// weights with the adapters off)
@@ -752,17 +755,21 @@ impl ResourceKind for ModelKind {
                 "path",
                 "a model needs `path = \"<Hugging Face directory>\"` or `from = \"<other model>\"`",
             )),
-            (Some(dir), None) => {
-                let path = dir.display();
-                if !dir.is_dir() {
-                    out.push(ctx.error("path", format!("model directory `{path}` does not exist")));
-                } else if !dir.join("config.json").is_file() {
-                    out.push(ctx.error(
-                        "path",
-                        format!("`{path}` has no config.json: not a Hugging Face model directory"),
-                    ));
-                }
-            }
+            (Some(dir), None) => match resolve_model_path(dir) {
+                Err(e) => out.push(ctx.error("path", format!("model directory {e:#}"))),
+                Ok(dir) if !dir.is_dir() => out.push(ctx.error(
+                    "path",
+                    format!("model directory `{}` does not exist", dir.display()),
+                )),
+                Ok(dir) if !dir.join("config.json").is_file() => out.push(ctx.error(
+                    "path",
+                    format!(
+                        "`{}` has no config.json: not a Hugging Face model directory",
+                        dir.display()
+                    ),
+                )),
+                Ok(_) => {}
+            },
             (None, Some(_)) => {
                 if p.trainable == Some(true) {
                     out.push(ctx.error("trainable", "a `from` copy is frozen; load the directory with `path` to train it"));
@@ -841,7 +848,7 @@ impl ResourceKind for ModelKind {
                 plan.shape = Some(Arc::new(copy));
                 return Some(plan);
             }
-            None => p.path.clone()?,
+            None => resolve_model_path(p.path.as_ref()?).ok()?,
         };
         let config = match std::fs::read_to_string(source.join("config.json")) {
             Ok(c) => c,
@@ -963,6 +970,8 @@ impl ResourceKind for ModelKind {
         let p: ModelParams = params.parse()?;
         let resource = match (p.path, p.from) {
             (Some(path), None) => {
+                let path = resolve_model_path(&path)
+                    .with_context(|| format!("model `{}`: path", ctx.node))?;
                 let seed = (p.init == ModelInit::Random).then(|| ctx.init_seed());
                 let trainable = p.trainable.unwrap_or(true);
                 let precision = p.precision.as_deref().map(Precision::parse).transpose()?;

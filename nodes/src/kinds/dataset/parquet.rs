@@ -30,6 +30,7 @@ use flowrl_engine::{
     Params, Payload, Port, PortSpec, StepContext, ValidateCtx, Value,
 };
 use flowrl_engine::{Footprint, Item, Place, PlanCtx};
+use flowrl_models::hub::resolve_model_path;
 use serde::Deserialize;
 
 use flowrl_datasets::dataset::PromptSizes;
@@ -61,7 +62,8 @@ struct DatasetParams {
     /// the model whose chat template, tokenizer and image processor encode the prompts
     #[param(resource = "model")]
     model: Option<String>,
-    /// a Hugging Face model directory to encode with, instead of `model`
+    /// a Hugging Face model directory (or hub id in the local cache) to encode with, instead of
+    /// `model`
     model_dir: Option<PathBuf>,
     /// prompts per step (verl: train_batch_size)
     #[param(required, min = 1)]
@@ -205,14 +207,19 @@ impl NodeKind for DatasetParquet {
             )),
             _ => {}
         }
-        let mut files: Vec<(&str, &PathBuf)> = [
-            ("path", &p.path),
-            ("val_path", &p.val_path),
-            ("model_dir", &p.model_dir),
-        ]
-        .into_iter()
-        .filter_map(|(key, f)| Some((key, f.as_ref()?)))
-        .collect();
+        if let Some(dir) = &p.model_dir {
+            match resolve_model_path(dir) {
+                Err(e) => out.push(ctx.error("model_dir", format!("{e:#}"))),
+                Ok(dir) if !dir.is_dir() => {
+                    out.push(ctx.error("model_dir", format!("`{}` does not exist", dir.display())))
+                }
+                Ok(_) => {}
+            }
+        }
+        let mut files: Vec<(&str, &PathBuf)> = [("path", &p.path), ("val_path", &p.val_path)]
+            .into_iter()
+            .filter_map(|(key, f)| Some((key, f.as_ref()?)))
+            .collect();
         files.extend(p.paths.iter().flatten().map(|f| ("paths", f)));
         for (key, f) in files {
             if !f.exists() {
@@ -313,7 +320,7 @@ pub(crate) fn prompt_sizes(node: &NodeView<'_>) -> Option<PromptSizes> {
             let view = node.resource(name)?;
             PathBuf::from(crate::kinds::validate::model_dir(view)?)
         }
-        (None, Some(dir)) => dir.clone(),
+        (None, Some(dir)) => resolve_model_path(dir).ok()?,
         (None, None) => return None,
     };
     let first = p.train_paths().into_iter().next()?;
@@ -347,7 +354,9 @@ fn build_node(params: &Params, ctx: &BuildContext) -> Result<DatasetNode> {
     let p: DatasetParams = params.parse()?;
     let dir = match (&p.model, &p.model_dir) {
         (Some(name), _) => ctx.resource::<ModelResource>(name)?.dir.clone(),
-        (None, Some(dir)) => dir.clone(),
+        (None, Some(dir)) => {
+            resolve_model_path(dir).with_context(|| format!("node `{}`: model_dir", ctx.node))?
+        }
         (None, None) => bail!("dataset.parquet needs `model` or `model_dir`"),
     };
     let encoder = Arc::new(PromptEncoder::from_model_dir(&dir).with_context(|| {
