@@ -1,7 +1,7 @@
 //! Reading a verl run's configuration: a Hydra `config.yaml` (composed, interpolations
 //! unresolved, as Hydra saves it in `.hydra/`, or already resolved), a Hydra `overrides.yaml` (a
-//! YAML list of `key=value` strings) or a text file of `key=value` overrides as a
-//! `python3 -m verl.trainer.main_ppo` command line hands them to verl.
+//! YAML list of `key=value` strings), or a launch script or text of `key=value` overrides, read
+//! as the shell hands them to `python3 -m verl.trainer.main_ppo` ([`super::shell`]).
 //!
 //! Every form ends as one flat map of dotted keys to values: verl's default configuration
 //! (`verl_defaults.yaml`, verl's `_generated_ppo_trainer.yaml`) with the input laid over it, then
@@ -18,6 +18,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use yaml_rust2::{Yaml, YamlLoader};
+
+use super::shell::{ShellEnv, override_words};
 
 /// verl's default configuration (verl/trainer/config/_generated_ppo_trainer.yaml at
 /// volcengine/verl b178a3cd56f58b2d502255daba591e92833930a7).
@@ -142,6 +144,8 @@ pub struct VerlConfig {
     pub set: BTreeSet<String>,
     /// Words of a command line that are not overrides (reported, not converted).
     pub stray_words: Vec<String>,
+    /// What reading a command line noted (a `${VAR:-default}` that took its default).
+    pub notes: Vec<String>,
 }
 
 impl VerlConfig {
@@ -149,17 +153,24 @@ impl VerlConfig {
         self.values.get(key)
     }
 
-    /// Reads `path` in whichever form it is.
-    pub fn read(path: &Path) -> Result<VerlConfig> {
+    /// Reads `path` in whichever form it is; a command line's variables from `env`.
+    pub fn read(path: &Path, env: &ShellEnv) -> Result<VerlConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        VerlConfig::parse(&text)
+        VerlConfig::parse_with(&text, env)
     }
 
+    /// [`VerlConfig::parse_with`] with no variables but the script's own.
+    #[cfg(test)]
     pub fn parse(text: &str) -> Result<VerlConfig> {
+        VerlConfig::parse_with(text, &ShellEnv::default())
+    }
+
+    pub fn parse_with(text: &str, env: &ShellEnv) -> Result<VerlConfig> {
         let defaults_raw = flatten_yaml(&parse_yaml(VERL_DEFAULTS).expect("verl defaults parse"));
         let defaults = resolve_all(&defaults_raw);
         let yaml = parse_yaml(text).ok();
+        let mut notes = Vec::new();
         let (form, raw, set, stray_words) = match &yaml {
             Some(config @ Yaml::Hash(_)) => {
                 let config = flatten_yaml(config);
@@ -179,8 +190,9 @@ impl VerlConfig {
                 (InputForm::HydraOverrides, raw, set, stray)
             }
             _ => {
-                let words = shell_words(text)?;
-                let (raw, set, stray) = apply_overrides(&defaults_raw, &words)?;
+                let words = override_words(text, env)?;
+                notes = words.notes;
+                let (raw, set, stray) = apply_overrides(&defaults_raw, &words.words)?;
                 (InputForm::CommandLine, raw, set, stray)
             }
         };
@@ -200,6 +212,7 @@ impl VerlConfig {
             defaults,
             set,
             stray_words,
+            notes,
         })
     }
 }
@@ -378,88 +391,6 @@ fn split_top_level(s: &str, sep: char) -> Vec<String> {
     }
     parts.push(cur);
     parts
-}
-
-/// The words of a command line as the shell hands them over: split at unquoted whitespace,
-/// quotes removed, `\` line continuations and `#` comments dropped. The command itself
-/// (`python3 -m verl.trainer.main_ppo`) and `$@` are skipped.
-fn shell_words(text: &str) -> Result<Vec<String>> {
-    let mut words = Vec::new();
-    let mut cur = String::new();
-    let mut in_word = false;
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' => {
-                in_word = true;
-                loop {
-                    match chars.next() {
-                        Some('\'') => break,
-                        Some(c) => cur.push(c),
-                        None => bail!("unterminated ' quote in the command line"),
-                    }
-                }
-            }
-            '"' => {
-                in_word = true;
-                loop {
-                    match chars.next() {
-                        Some('"') => break,
-                        Some('\\') if matches!(chars.peek(), Some('"' | '\\' | '$' | '`')) => {
-                            cur.push(chars.next().unwrap())
-                        }
-                        Some(c) => cur.push(c),
-                        None => bail!("unterminated \" quote in the command line"),
-                    }
-                }
-            }
-            '\\' => match chars.next() {
-                Some('\n') | None => {}
-                Some(c) => {
-                    in_word = true;
-                    cur.push(c);
-                }
-            },
-            '#' if !in_word => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        break;
-                    }
-                }
-            }
-            c if c.is_whitespace() => {
-                if in_word {
-                    words.push(std::mem::take(&mut cur));
-                    in_word = false;
-                }
-            }
-            c => {
-                in_word = true;
-                cur.push(c);
-            }
-        }
-    }
-    if in_word {
-        words.push(cur);
-    }
-    // The command: `python3 -m MODULE` (or `python`), and the script's `$@`.
-    let mut out = Vec::new();
-    let mut skip_module = false;
-    for w in words {
-        if skip_module {
-            skip_module = false;
-            continue;
-        }
-        if w == "-m" {
-            skip_module = true;
-            continue;
-        }
-        if w == "$@" || (w.starts_with("python") && !w.contains('=')) {
-            continue;
-        }
-        out.push(w);
-    }
-    Ok(out)
 }
 
 /// Every value with OmegaConf's interpolations resolved.

@@ -2,11 +2,12 @@
 //! flowrl graph.
 //!
 //! INPUT is a composed verl configuration (Hydra's `.hydra/config.yaml`), Hydra's
-//! `.hydra/overrides.yaml`, or a text file of the `key=value` overrides of a
+//! `.hydra/overrides.yaml`, or a launch script or text of the `key=value` overrides of a
 //! `python3 -m verl.trainer.main_ppo` command line. The stages, one module each:
 //!
 //! 1. [`input`]: the input → one flat map of verl keys over verl's defaults, interpolations
-//!    resolved, with the keys the input chose;
+//!    resolved, with the keys the input chose; a script's words as the shell would expand them,
+//!    or a refusal where that cannot be known ([`shell`]);
 //! 2. [`keys`]: what each key is to flowrl (mapped, of no meaning here, faithful at one value
 //!    only, or unknown);
 //! 3. [`mapping`]: the graph's sections and a note for every key that does not carry over;
@@ -21,8 +22,10 @@
 mod input;
 mod keys;
 mod mapping;
+mod shell;
 mod writer;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -30,6 +33,15 @@ use clap::{Args, Subcommand};
 
 use input::VerlConfig;
 use mapping::NoteKind;
+use shell::ShellEnv;
+
+/// `--env NAME=VALUE`.
+fn parse_env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
+        _ => Err(format!("`{s}` is not NAME=VALUE")),
+    }
+}
 
 /// `flowrl convert SOURCE ...`.
 #[derive(Debug, Subcommand)]
@@ -41,9 +53,13 @@ pub enum ConvertCommand {
 /// Arguments of `flowrl convert verl`.
 #[derive(Debug, Args)]
 pub struct VerlArgs {
-    /// Hydra's config.yaml or overrides.yaml of a verl run, or a text file of `key=value`
-    /// overrides (one per line or space-separated).
+    /// Hydra's config.yaml or overrides.yaml of a verl run, its launch script, or a text file of
+    /// `key=value` overrides (one per line or space-separated).
     pub input: PathBuf,
+    /// A shell variable the script or overrides use (`$NAME`, `${NAME}`), as NAME=VALUE;
+    /// repeatable. Wins over the script's own assignments and the environment.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env_pair)]
+    pub env: Vec<(String, String)>,
     /// The graph file to write (default: standard output).
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
@@ -62,13 +78,17 @@ pub fn run(cmd: &ConvertCommand) -> ExitCode {
 }
 
 fn verl(args: &VerlArgs) -> ExitCode {
-    let cfg = match VerlConfig::read(&args.input) {
+    let env = ShellEnv::from_process(args.env.iter().cloned().collect::<BTreeMap<_, _>>());
+    let cfg = match VerlConfig::read(&args.input, &env) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("error: {}: {e:#}", args.input.display());
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    for note in &cfg.notes {
+        eprintln!("note: {note}");
+    }
     let registry = flowrl_nodes::builtin_registry();
     let conv = mapping::convert(&cfg, &registry);
     let (mut no_effect, mut not_carried, mut unknown) = (0, 0, 0);
