@@ -141,6 +141,32 @@ fn a_missing_model_directory_is_a_configuration_error() {
     );
 }
 
+/// Swapping `old_log_probs` and `ref_log_probs` used to validate "ok" and train wrong: each wire
+/// is now checked against the model it must come from, pointing at the override.
+#[test]
+fn swapped_log_prob_wires_are_configuration_errors() {
+    let out = Command::new(BIN)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args([
+            "validate",
+            "graphs/grpo_vlm.toml",
+            "--set",
+            "nodes.update.inputs.old_log_probs=\"ref.log_probs\"",
+            "--set",
+            "nodes.update.inputs.ref_log_probs=\"old.log_probs\"",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let e = stderr(&out);
+    assert!(
+        e.contains("`old_log_probs` comes from node `ref` on model `reference`, but this update trains `policy`")
+            && e.contains("`ref_log_probs` comes from node `old` on model `policy`, which `update` trains")
+            && e.contains("--set #1"),
+        "{e}"
+    );
+}
+
 /// A hub id resolves through a Hugging Face cache laid out as `huggingface_hub` lays it out
 /// (`refs/main` holds the commit, `snapshots/<commit>/` links into `blobs/`), with no network;
 /// an id the cache lacks is a configuration error with the command that downloads it.

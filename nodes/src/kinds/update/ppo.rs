@@ -212,6 +212,56 @@ struct PpoParams {
     checkpointing: CheckpointingParams,
 }
 
+/// The log-probs wired to the update come from the right models: `old_log_probs` from the
+/// model it trains (the importance ratio π_θ / π_old is of one model), `ref_log_probs` from one
+/// that no update node trains (the KL reference stays put). Swapped wires validate otherwise
+/// and train wrong.
+fn log_prob_sources(ctx: &ValidateCtx) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let Some(trained) = ctx.params().get_str("model") else {
+        return out;
+    };
+    let model_of = |port: &str| {
+        let node = ctx.input(port)?;
+        let model = node.params().get_str("model")?.to_string();
+        Some((node.name().to_string(), model))
+    };
+    if let Some((node, model)) = model_of(OLD_LOG_PROBS.name())
+        && model != trained
+    {
+        out.push(ctx.error(
+            "inputs.old_log_probs",
+            format!(
+                "`old_log_probs` comes from node `{node}` on model `{model}`, but this update \
+                 trains `{trained}`: the importance ratio needs the trained model's log-probs \
+                 (are `old_log_probs` and `ref_log_probs` swapped?)"
+            ),
+        ));
+    }
+    if let Some((node, model)) = model_of(REF_LOG_PROBS.name()) {
+        let updaters: Vec<String> = ctx
+            .nodes()
+            .iter()
+            .filter(|n| {
+                n.kind().starts_with("update.") && n.params().get_str("model") == Some(&model)
+            })
+            .map(|n| format!("`{}`", n.name()))
+            .collect();
+        if !updaters.is_empty() {
+            out.push(ctx.error(
+                "inputs.ref_log_probs",
+                format!(
+                    "`ref_log_probs` comes from node `{node}` on model `{model}`, which {} \
+                     trains: the KL reference must be a frozen model (`[models.reference] from = \
+                     \"{trained}\"`; are `old_log_probs` and `ref_log_probs` swapped?)",
+                    updaters.join(", ")
+                ),
+            ));
+        }
+    }
+    out
+}
+
 impl NodeKind for PpoUpdateKind {
     fn name(&self) -> &str {
         "update.ppo"
@@ -277,6 +327,7 @@ impl NodeKind for PpoUpdateKind {
                 "critic_warmup = 1 skips no actor update: as in verl, the actor is updated at step s (counted from 1) when critic_warmup <= s; N skips the first N − 1 steps",
             ));
         }
+        out.extend(log_prob_sources(ctx));
         if ctx.input(OLD_LOG_PROBS.name()).is_none() {
             let several_minis = matches!((&batch, mini), (Some((b, _)), Some(m)) if m < *b)
                 || (batch.is_none() && mini.is_some());
