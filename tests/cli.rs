@@ -150,6 +150,24 @@ fn nodes_lists_and_describes_kinds() {
     assert!(text(&out.stderr).contains("did you mean `sink.jsonl`?"));
 }
 
+/// A typo in `--set nodes.NAME.key` makes a new node without a kind: the error says which
+/// declared node was meant.
+#[test]
+fn a_misspelt_node_in_set_suggests_the_declared_one() {
+    let out = flowrl(&[
+        "validate",
+        "graphs/grpo_vlm.toml",
+        "--set",
+        "nodes.rolout.n=4",
+    ]);
+    assert_eq!(out.status.code(), Some(78));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("node `rolout` has no `kind`") && e.contains("did you mean `rollout`?"),
+        "{e}"
+    );
+}
+
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_device_without_cuda_build_is_a_configuration_error() {

@@ -64,7 +64,15 @@ pub(super) fn check<'d>(
             header: e.key_span,
             ..Default::default()
         };
-        let kind = kind(registry, e, t, &mut spans, diags);
+        // The nodes that name a kind: what a kind-less node (a typo in `--set nodes.NAME.…`)
+        // most likely meant.
+        let named: Vec<&str> = table
+            .entries
+            .iter()
+            .filter(|o| o.value.as_table().is_some_and(|t| t.get("kind").is_some()))
+            .map(|o| o.key.as_str())
+            .collect();
+        let kind = kind(registry, e, t, &named, &mut spans, diags);
         let device = device(t, &what, &mut spans, diags);
         let timing_key = match t.get("timing") {
             Some(tk) => match tk.value.as_str() {
@@ -120,17 +128,24 @@ fn kind(
     registry: &Registry,
     e: &SEntry,
     t: &STable,
+    named: &[&str],
     spans: &mut SpanIndex,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<Arc<dyn NodeKind>> {
     let Some(k) = t.get("kind") else {
+        let help = match did_you_mean(&e.key, named.iter().copied()) {
+            Some(h) => {
+                format!("{h} (a node the graph declares); a new node needs `kind = \"...\"`")
+            }
+            None => "add `kind = \"...\"`; `flowrl nodes` lists the kinds".into(),
+        };
         diags.push(
             Diagnostic::error(
                 Code::MissingParam,
                 format!("node `{}` has no `kind`", e.key),
             )
             .at(e.key_span)
-            .with_help("add `kind = \"...\"`; `flowrl nodes` lists the kinds"),
+            .with_help(help),
         );
         return None;
     };
