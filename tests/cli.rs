@@ -179,6 +179,28 @@ fn cuda_device_without_cuda_build_is_a_configuration_error() {
         "{}",
         text(&out.stderr)
     );
+    // Eight GPUs a CPU-only binary lacks are one error, not eight.
+    let tmp = tempfile::tempdir().unwrap();
+    let graph = tmp.path().join("eight.toml");
+    let devices: Vec<String> = (0..8).map(|i| format!("\"cuda:{i}\"")).collect();
+    std::fs::write(
+        &graph,
+        std::fs::read_to_string(root().join("graphs/grpo_vlm.toml"))
+            .unwrap()
+            .replace(
+                "device = \"auto\"",
+                &format!("devices = [{}]", devices.join(", ")),
+            ),
+    )
+    .unwrap();
+    let out = flowrl(&["validate", graph.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(78));
+    let e = text(&out.stderr);
+    assert_eq!(e.matches("error[E0701]").count(), 1, "{e}");
+    assert!(
+        e.contains("the run is placed on cuda:0, cuda:1, cuda:2, cuda:3, cuda:4, cuda:5, cuda:6, cuda:7, but this binary was built without CUDA"),
+        "{e}"
+    );
 }
 
 /// A real graph with the built-in data kind and the utility sinks (tiny, fast).
@@ -398,14 +420,19 @@ fn validate_reports_devices_and_processes() {
         "{}",
         text(&out.stdout)
     );
-    // `--device` cannot replace a list of devices; the error points at the argument.
+    // `--device` replaces a list of devices, with a warning pointing at the argument.
     let out = flowrl(&["validate", g, "--device", "cpu"]);
-    assert_eq!(out.status.code(), Some(78));
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let e = text(&out.stderr);
     assert!(
-        e.contains("error[E0704]: the graph places the run on [cpu:0, cpu:1] with `[run] devices`; `--device` cannot override a list")
+        e.contains("warning[E0704]: `--device cpu` replaces the graph's `[run] devices`")
             && e.contains("--> --device:1:12"),
         "{e}"
+    );
+    assert!(
+        text(&out.stdout).contains("; devices: cpu:0)"),
+        "{}",
+        text(&out.stdout)
     );
     // The graph export shows the placement.
     let out = flowrl(&["graph", g, "--format", "json"]);

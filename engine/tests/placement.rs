@@ -319,20 +319,24 @@ fn device_and_devices_conflict_at_the_second_key_and_at_the_argument() {
         Err(f) => panic!("{}", f.render()),
     };
     assert_eq!(g.devices, vec![DeviceSpec::Cpu(2)]);
-    // ... but not a list: the error points at the argument.
-    let (e, rendered) = errors(
+    // ... and replaces a list, with a warning at the argument.
+    let (g, warnings) = match compile_for(
+        &testkit::registry(),
+        "g.toml",
         &with_run("devices = [\"cpu:0\", \"cpu:1\"]"),
         &[Override::device("cpu")],
-        target(CPU_ONLY, 1),
+        &target(CPU_ONLY, 1),
+    ) {
+        Ok(out) => out,
+        Err(f) => panic!("{}", f.render()),
+    };
+    assert_eq!(g.devices, vec![DeviceSpec::Cpu(0)]);
+    let rendered = flowrl_engine::diagnostic::render(&warnings, &g.sources);
+    assert!(
+        rendered.contains("warning[E0704]: `--device cpu` replaces the graph's `[run] devices`")
+            && rendered.contains("--> --device:1:12"),
+        "{rendered}"
     );
-    assert_eq!(
-        e,
-        vec![(
-            Code::DeviceConflict,
-            "the graph places the run on [cpu:0, cpu:1] with `[run] devices`; `--device` cannot override a list".into()
-        )]
-    );
-    assert!(rendered.contains("--> --device:1:12"), "{rendered}");
     // `--set run.devices=[...]` replaces the list.
     let g = ok(
         &with_run("devices = [\"cpu:0\", \"cpu:1\"]"),

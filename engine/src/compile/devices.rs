@@ -6,8 +6,8 @@
 //! replicas run where is decided later ([`crate::placement`]); this stage only checks that the
 //! devices named can be used.
 
-use crate::device::{DeviceRequest, DeviceSpec, Machine};
-use crate::diagnostic::{Code, Diagnostic, SourceId, Span};
+use crate::device::{DeviceRequest, DeviceSpec, Machine, Unavailable};
+use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::spec::{SEntry, SKind, STable};
 
 use super::nodes::NodeDraft;
@@ -16,16 +16,11 @@ use super::nodes::NodeDraft;
 pub(super) struct Placement {
     /// The machine devices are checked against.
     machine: Machine,
-    /// The source of the `--device` argument, when given.
-    device_arg: Option<SourceId>,
 }
 
 impl Placement {
-    pub fn new(machine: Machine, device_arg: Option<SourceId>) -> Self {
-        Placement {
-            machine,
-            device_arg,
-        }
+    pub fn new(machine: Machine) -> Self {
+        Placement { machine }
     }
 
     /// `[run] device` or `[run] devices`, resolved on the target machine (`auto` without
@@ -128,10 +123,36 @@ impl Placement {
             }
             listed.push((req, d, item.span));
         }
-        let devices: Vec<DeviceSpec> = listed
-            .into_iter()
-            .filter_map(|(req, _, span)| self.resolve_run_device(req, span, diags))
-            .collect();
+        // Devices missing for one reason (a binary built without CUDA, say): one error.
+        let mut devices = Vec::new();
+        let mut missing: Vec<(Unavailable, Vec<(DeviceRequest, Span)>)> = Vec::new();
+        for (req, _, span) in listed {
+            match self.machine.resolve(req) {
+                Ok(d) => devices.push(d),
+                Err(why) => match missing.iter_mut().find(|(w, _)| *w == why) {
+                    Some((_, reqs)) => reqs.push((req, span)),
+                    None => missing.push((why, vec![(req, span)])),
+                },
+            }
+        }
+        for (why, reqs) in missing {
+            match reqs.as_slice() {
+                [(req, span)] => {
+                    diags.push(Diagnostic::device_unavailable("the run", *req, why, *span))
+                }
+                _ => {
+                    let names: Vec<String> = reqs.iter().map(|(r, _)| r.to_string()).collect();
+                    diags.push(
+                        Diagnostic::error(
+                            Code::DeviceUnavailable,
+                            format!("the run is placed on {}, but {why}", names.join(", ")),
+                        )
+                        .at(list.value.span)
+                        .with_help(why.help()),
+                    );
+                }
+            }
+        }
         (diags.len() == errors).then_some(devices)
     }
 
@@ -202,30 +223,8 @@ impl Placement {
     }
 
     /// `[run] device` and `[run] devices` both given: an error at the one given second (an
-    /// override comes after the file); `--device` against a list says so.
+    /// override comes after the file).
     fn device_conflict(&self, one: &SEntry, list: &SEntry) -> Diagnostic {
-        let written: Vec<String> = match &list.value.kind {
-            SKind::Array(items) => items
-                .iter()
-                .map(|i| {
-                    i.as_str()
-                        .map_or_else(|| format!("{}", i.to_json()), str::to_string)
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        let list_text = format!("[{}]", written.join(", "));
-        if Some(one.key_span.source) == self.device_arg {
-            return Diagnostic::error(
-                Code::DeviceConflict,
-                format!(
-                    "the graph places the run on {list_text} with `[run] devices`; `--device` cannot override a list"
-                ),
-            )
-            .at(one.value.span)
-            .with_note(list.key_span, "`[run] devices` is set here")
-            .with_help("leave out `--device`, or choose the devices with `--set 'run.devices=[\"cuda:0\", \"cuda:1\"]'`");
-        }
         let key = |e: &SEntry| (e.key_span.source, e.key_span.start);
         let (first, second) = if key(one) <= key(list) {
             (one, list)

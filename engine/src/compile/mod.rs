@@ -118,7 +118,7 @@ pub fn compile_for(
     let mut diags = Vec::new();
 
     // 1. Syntax: the spanned document with the overrides applied.
-    let Some(syntax::Parsed { doc, device_arg }) =
+    let Some(syntax::Parsed { doc }) =
         syntax::parse(text, file, overrides, &mut sources, &mut diags)
     else {
         return fail(diags, sources);
@@ -129,7 +129,7 @@ pub fn compile_for(
     let nodes = nodes::check(registry, &doc, &mut diags);
     sections::check(registry, &doc, file, &mut diags);
     // 3. Placement: the run's devices, then each node's.
-    let placement = devices::Placement::new(target.machine, device_arg);
+    let placement = devices::Placement::new(target.machine);
     let run_devices = placement.check_run(&doc, &mut diags);
     let node_devices = placement.check_nodes(&nodes, run_devices.as_deref(), &mut diags);
     // 4. Resource references.

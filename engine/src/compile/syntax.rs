@@ -5,8 +5,8 @@
 //! override that cannot be applied is an error that points at the override, and the stages after
 //! this one still run. What the keys mean is not checked here.
 
-use crate::diagnostic::{Diagnostic, SourceId, SourceMap};
-use crate::spec::{self, STable};
+use crate::diagnostic::{Code, Diagnostic, SourceId, SourceMap};
+use crate::spec::{self, SEntry, SKind, STable};
 
 /// One `path.to.key=value` override and where it came from (shown in diagnostics: `--set #2`,
 /// `--steps`, `--device`).
@@ -24,8 +24,8 @@ impl Override {
         }
     }
 
-    /// The `--device` command-line argument (`run.device=...`); when the graph has `[run] devices`
-    /// it is an error that points at the argument.
+    /// The `--device` command-line argument (`run.device=...`); it replaces the graph's
+    /// `[run] devices`, with a warning that says so.
     pub fn device(device: &str) -> Override {
         Override::new(DEVICE_ARG, format!("run.device=\"{device}\""))
     }
@@ -45,9 +45,6 @@ const DEVICE_ARG: &str = "--device";
 /// The document the later stages read.
 pub(super) struct Parsed {
     pub doc: STable,
-    /// The source of the `--device` argument, when given (the placement stage words a conflict
-    /// with `[run] devices` differently for it).
-    pub device_arg: Option<SourceId>,
 }
 
 /// Parses `text` (source `file`) and applies `overrides`, each added to `sources`; `None` when
@@ -66,15 +63,42 @@ pub(super) fn parse(
             return None;
         }
     };
-    let mut device_arg = None;
     for o in overrides {
         let id = sources.add(o.origin.clone(), o.text.clone());
-        if o.origin == DEVICE_ARG {
-            device_arg = Some(id);
-        }
+        // `--device` places the whole run: it replaces a list the graph gives.
+        let replaced = (o.origin == DEVICE_ARG)
+            .then(|| take_run_entry(&mut doc, "devices"))
+            .flatten();
         if let Err(d) = spec::apply_override(&mut doc, &o.text, id) {
             diags.push(d);
+            continue;
+        }
+        if let Some(list) = replaced
+            && let Some(run) = doc.get("run").and_then(|r| r.value.as_table())
+            && let Some(device) = run.get("device")
+        {
+            diags.push(
+                Diagnostic::warning(
+                    Code::DeviceConflict,
+                    format!(
+                        "`--device {}` replaces the graph's `[run] devices`",
+                        device.value.as_str().unwrap_or("?")
+                    ),
+                )
+                .at(device.value.span)
+                .with_note(list.key_span, "`[run] devices` is set here"),
+            );
         }
     }
-    Some(Parsed { doc, device_arg })
+    Some(Parsed { doc })
+}
+
+/// Removes `[run] KEY` from `doc`, returning it.
+fn take_run_entry(doc: &mut STable, key: &str) -> Option<SEntry> {
+    let run = doc.entries.iter_mut().find(|e| e.key == "run")?;
+    let SKind::Table(table) = &mut run.value.kind else {
+        return None;
+    };
+    let i = table.entries.iter().position(|e| e.key == key)?;
+    Some(table.entries.remove(i))
 }
