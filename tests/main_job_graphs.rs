@@ -141,6 +141,39 @@ fn a_missing_model_directory_is_a_configuration_error() {
     );
 }
 
+/// A `max_new_tokens` that cuts every answer used to train on score 0 and grad_norm 1e-11 without
+/// a word: the rollout says every response was cut, and the advantage node that its advantages
+/// have been zero for three steps, with the likely cause.
+#[test]
+fn a_run_that_cannot_learn_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .args(["run", "graphs/grpo_vlm.toml", "--steps", "3", "--out"])
+        .arg(dir.path().join("run"))
+        .args([
+            "--set",
+            "nodes.rollout.max_new_tokens=4",
+            "--set",
+            "nodes.eval.every=100",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Step warnings are printed with the progress (standard output without a terminal).
+    let e = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        e.contains(
+            "node `rollout`: every response of this step (128) was cut at max_new_tokens = 4"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("node `advantage`: the advantages have been all zero for 3 steps in a row"),
+        "{e}"
+    );
+}
+
 /// Swapping `old_log_probs` and `ref_log_probs` used to validate "ok" and train wrong: each wire
 /// is now checked against the model it must come from, pointing at the override.
 #[test]

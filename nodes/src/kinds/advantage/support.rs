@@ -260,15 +260,63 @@ pub(crate) fn scores_input(inputs: &Inputs) -> Result<Arc<ScoreBatch>> {
     Ok(scores)
 }
 
+/// Steps in a row whose advantages were all zero, warned about from [`ZERO_STEPS_WARNED`] on:
+/// such an update learns nothing, and the run goes on as if it did.
+#[derive(Default)]
+pub(crate) struct ZeroAdvantages {
+    steps: usize,
+}
+
+/// Steps of all-zero advantages in a row before the warning.
+pub(crate) const ZERO_STEPS_WARNED: usize = 3;
+
+impl ZeroAdvantages {
+    /// Counts `batch` and warns (at [`ZERO_STEPS_WARNED`] steps in a row, then every tenth
+    /// step) with the likely cause.
+    pub(crate) fn observe(&mut self, ctx: &mut StepContext, batch: &AdvantageBatch) {
+        let mask = &batch.rollouts.response_mask.data;
+        let zero = batch
+            .advantages
+            .data
+            .iter()
+            .zip(mask)
+            .all(|(&a, &m)| m == 0.0 || a == 0.0);
+        self.steps = if zero { self.steps + 1 } else { 0 };
+        if self.steps < ZERO_STEPS_WARNED || !(self.steps - ZERO_STEPS_WARNED).is_multiple_of(10) {
+            return;
+        }
+        let r = &batch.rollouts;
+        let cause = if !r.truncated.is_empty() && r.truncated.iter().all(|&t| t) {
+            "every response is cut at max_new_tokens, so none is scored as finished: raise \
+             max_new_tokens (verl: data.max_response_length)"
+                .to_string()
+        } else {
+            "every group's responses get the same score (a reward that never varies, a task the \
+             policy always or never solves, or one response per prompt, n = 1, for a \
+             group-relative estimator)"
+                .to_string()
+        };
+        ctx.warn(format!(
+            "the advantages have been all zero for {} steps in a row, so the update learns \
+             nothing; likely cause: {cause}",
+            self.steps
+        ));
+    }
+}
+
 /// A node that applies one estimator.
 pub(crate) struct AdvantageNode {
     estimator: AdvantageEstimator,
+    zeros: ZeroAdvantages,
 }
 
 impl AdvantageNode {
     /// The node applying `estimator`, boxed as the engine takes it.
     pub(crate) fn boxed(estimator: AdvantageEstimator) -> Box<dyn Node> {
-        Box::new(Self { estimator })
+        Box::new(Self {
+            estimator,
+            zeros: ZeroAdvantages::default(),
+        })
     }
 }
 
@@ -277,6 +325,7 @@ impl Node for AdvantageNode {
         let scores = scores_input(inputs)?;
         let batch = advantage_batch(&scores, self.estimator)?;
         log_advantage_metrics(ctx, &batch);
+        self.zeros.observe(ctx, &batch);
         Ok(Outputs::new().with_opaque(ADVANTAGES, batch))
     }
 }
@@ -290,6 +339,7 @@ pub(crate) type Estimate =
 /// inputs its kind declares), then logs the advantage metrics.
 pub(crate) struct EstimatorNode {
     estimate: Box<Estimate>,
+    zeros: ZeroAdvantages,
 }
 
 impl EstimatorNode {
@@ -301,6 +351,7 @@ impl EstimatorNode {
     ) -> Box<dyn Node> {
         Box::new(Self {
             estimate: Box::new(estimate),
+            zeros: ZeroAdvantages::default(),
         })
     }
 }
@@ -312,6 +363,7 @@ impl Node for EstimatorNode {
         let out = (self.estimate)(inputs, &scores, host.batch()?)?;
         let batch = advantage_output(scores.rollouts.clone(), out)?;
         log_advantage_metrics(ctx, &batch);
+        self.zeros.observe(ctx, &batch);
         Ok(Outputs::new().with_opaque(ADVANTAGES, batch))
     }
 }

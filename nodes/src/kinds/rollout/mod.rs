@@ -515,6 +515,13 @@ pub fn record_length_metrics(r: &RolloutBatch, max_new_tokens: usize, ctx: &mut 
     ctx.metric("response_length/min", *lens.iter().min().unwrap() as f64);
     let clipped = lens.iter().filter(|&&l| l >= max_new_tokens).count();
     ctx.metric("response_length/clip_ratio", clipped as f64 / b);
+    if clipped == lens.len() {
+        ctx.warn(format!(
+            "every response of this step ({clipped}) was cut at max_new_tokens = {max_new_tokens}: \
+             no answer finishes, so the rewards score unfinished text; raise max_new_tokens \
+             (verl: data.max_response_length)"
+        ));
+    }
     let plens: Vec<usize> = r.prompt_ids.iter().map(Vec::len).collect();
     ctx.metric("prompt_length/mean", plens.iter().sum::<usize>() as f64 / b);
     ctx.metric("prompt_length/max", *plens.iter().max().unwrap() as f64);
