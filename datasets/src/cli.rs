@@ -185,6 +185,7 @@ fn collect(args: &InspectArgs) -> Result<Report> {
     let options = ReadOptions {
         columns,
         skip_mismatched_rows: true,
+        skip_bad_rows: false,
         check_images: true,
         verl_image_patch_size: None,
         video: Default::default(),

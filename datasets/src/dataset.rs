@@ -213,6 +213,8 @@ pub struct LoadReport {
     pub files: Vec<(PathBuf, usize)>,
     /// Rows dropped by `skip_mismatched_rows`.
     pub skipped_mismatched: Vec<SkippedRow>,
+    /// Rows dropped by `skip_bad_rows` (malformed values, undecodable images, ...).
+    pub skipped_bad: Vec<SkippedRow>,
     /// Rows dropped by `filter_overlong_prompts`.
     pub filtered_overlong: usize,
     /// Rows shortened by `truncation`.
@@ -252,6 +254,45 @@ pub fn encode_row(
             )
             .into()
         })
+}
+
+/// Rows of a file's bad rows named in a load error.
+const BAD_ROWS_SHOWN: usize = 3;
+
+/// A bad row's error `e` with the file's other bad rows (its first [`BAD_ROWS_SHOWN`] and their
+/// count, from reading it again with every check on) and the ways on: `flowrl data inspect`
+/// lists them all, `skip_bad_rows` leaves them out.
+fn with_the_bad_rows(e: anyhow::Error, path: &Path, read: &ReadOptions) -> anyhow::Error {
+    let Some(first) = e.downcast_ref::<DataError>().filter(|d| d.row.is_some()) else {
+        return e;
+    };
+    let all = ReadOptions {
+        check_images: true,
+        skip_bad_rows: false,
+        ..read.clone()
+    };
+    let bad = match crate::verl::check_verl_file(path, &all) {
+        Ok((_, bad)) if !bad.is_empty() => bad,
+        _ => vec![first.clone()],
+    };
+    let shown: Vec<String> = bad
+        .iter()
+        .take(BAD_ROWS_SHOWN)
+        .map(|b| format!("  {}", SkippedRow::of(b.clone()).describe()))
+        .collect();
+    let more = match bad.len().saturating_sub(BAD_ROWS_SHOWN) {
+        0 => String::new(),
+        n => format!("\n  ... and {n} more"),
+    };
+    anyhow::anyhow!(
+        "{first}\n{} row(s) of {} cannot be loaded:\n{}{more}\n`flowrl data inspect {}` lists \
+         them all; `skip_bad_rows = true` on the dataset node leaves them out (counted in \
+         data/skipped_bad)",
+        bad.len(),
+        path.display(),
+        shown.join("\n"),
+        path.display()
+    )
 }
 
 /// The sizes of a dataset's prompts, from the first rows of its first file ([`sample_sizes`]).
@@ -379,12 +420,24 @@ impl PromptDataset {
             ..options.read.clone()
         };
         for path in paths {
-            let file = read_verl_file(path, &read)?;
+            let file = read_verl_file(path, &read)
+                .map_err(|e| with_the_bad_rows(e.into(), path, &read))?;
             report.files.push((path.clone(), file.num_rows));
             report.skipped_mismatched.extend(file.skipped);
+            report.skipped_bad.extend(file.bad);
             for row in file.rows {
                 let (file_path, r) = (row.source.file.clone(), row.source.row);
-                let enc = encode_row(&encoder, &row, &options.read)?;
+                let enc = match encode_row(&encoder, &row, &options.read) {
+                    Ok(enc) => enc,
+                    Err(e) => match e.downcast::<DataError>() {
+                        Ok(e) if options.read.skip_bad_rows => {
+                            report.skipped_bad.push(SkippedRow::of(e));
+                            continue;
+                        }
+                        Ok(e) => return Err(with_the_bad_rows(e.into(), path, &read)),
+                        Err(e) => return Err(e),
+                    },
+                };
                 let mut ids = enc.input_ids;
                 let max = options.max_prompt_length;
                 if ids.len() > max {

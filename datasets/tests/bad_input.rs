@@ -551,3 +551,68 @@ fn large_string_and_large_list_layouts_are_read() {
     assert_eq!(f.rows[1].data_source, "b");
     assert_eq!(f.rows[0].ground_truth, "7");
 }
+
+/// A load error names the file's other bad rows too (the first three and a count), and says how
+/// to see them all and how to go on; `skip_bad_rows` leaves out rows whose images do not decode,
+/// counted with their reasons.
+#[test]
+fn bad_rows_are_listed_and_can_be_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file_with(dir.path(), "two_bad.parquet", |c| {
+        set(
+            c,
+            "images",
+            images(&[
+                Some(vec![b"hello".to_vec()]),
+                Some(vec![png()]),
+                Some(vec![b"world".to_vec()]),
+            ]),
+        )
+    });
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let encoder =
+        Arc::new(PromptEncoder::from_model_dir(&root.join("assets/tiny-qwen2-vl")).unwrap());
+    let options = |skip: bool| DatasetOptions {
+        read: ReadOptions {
+            skip_bad_rows: skip,
+            ..ReadOptions::default()
+        },
+        max_prompt_length: 512,
+        truncation: Truncation::Error,
+        filter_overlong_prompts: false,
+        batch_size: 1,
+        shuffle: false,
+        seed: 0,
+    };
+    let e = PromptDataset::load(std::slice::from_ref(&path), encoder.clone(), options(false))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("row 0, column `images`: image 0: image bytes are neither PNG nor JPEG")
+            && e.contains("2 row(s) of")
+            && e.contains(
+                "  row 2: column `images`: image 0: image bytes are neither PNG nor JPEG"
+            )
+            && e.contains(&format!(
+                "`flowrl data inspect {}` lists them all",
+                path.display()
+            ))
+            && e.contains("skip_bad_rows = true"),
+        "{e}"
+    );
+    let ds = PromptDataset::load(std::slice::from_ref(&path), encoder, options(true)).unwrap();
+    assert_eq!(ds.len(), 1);
+    let skipped: Vec<usize> = ds
+        .report()
+        .skipped_bad
+        .iter()
+        .map(|s| s.source.row)
+        .collect();
+    assert_eq!(skipped, [0, 2]);
+    assert!(
+        ds.report().skipped_bad[0]
+            .reason
+            .contains("column `images`")
+    );
+}

@@ -168,6 +168,9 @@ pub struct ReadOptions {
     /// Drop rows whose `<image>` count differs from their image count (and count them in
     /// [`VerlFile::skipped`]) instead of failing.
     pub skip_mismatched_rows: bool,
+    /// Drop every row that would fail to load (a malformed value, an undecodable image, a
+    /// mismatch) and list it in [`VerlFile::bad`], instead of failing.
+    pub skip_bad_rows: bool,
     /// Decode every image while reading, so a corrupt image fails here, not mid-run.
     pub check_images: bool,
     /// When set, pictures get verl's pre-processor resize
@@ -184,6 +187,7 @@ impl Default for ReadOptions {
         Self {
             columns: VerlColumns::default(),
             skip_mismatched_rows: false,
+            skip_bad_rows: false,
             check_images: true,
             verl_image_patch_size: None,
             video: VideoOptions::default(),
@@ -198,6 +202,28 @@ pub struct SkippedRow {
     pub reason: String,
 }
 
+impl SkippedRow {
+    /// `row N: reason`.
+    pub fn describe(&self) -> String {
+        format!("row {}: {}", self.source.row, self.reason)
+    }
+
+    /// The row of a row's error (column and message as the reason).
+    pub fn of(e: DataError) -> Self {
+        let reason = match &e.column {
+            Some(c) => format!("column `{c}`: {}", e.message),
+            None => e.message.clone(),
+        };
+        Self {
+            source: RowRef {
+                file: e.file,
+                row: e.row.unwrap_or(0),
+            },
+            reason,
+        }
+    }
+}
+
 /// What [`read_verl_file`] returns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerlFile {
@@ -205,7 +231,9 @@ pub struct VerlFile {
     pub rows: Vec<VerlRow>,
     /// Rows dropped because of `skip_mismatched_rows`.
     pub skipped: Vec<SkippedRow>,
-    /// Rows in the file (kept + skipped).
+    /// Rows dropped because of `skip_bad_rows`.
+    pub bad: Vec<SkippedRow>,
+    /// Rows in the file (kept + skipped + bad).
     pub num_rows: usize,
     pub num_row_groups: usize,
 }
@@ -345,6 +373,7 @@ fn read_rows(
         path: path.to_path_buf(),
         rows: Vec::new(),
         skipped: Vec::new(),
+        bad: Vec::new(),
         num_rows,
         num_row_groups,
     };
@@ -373,6 +402,9 @@ fn read_rows(
                 (Ok(RowOutcome::Row(row)), _) => out.rows.push(row),
                 (Ok(RowOutcome::Skipped(s)), _) => out.skipped.push(s),
                 (Err(e), Some(bad)) => bad.push(e),
+                (Err(e), None) if options.skip_bad_rows && e.row.is_some() => {
+                    out.bad.push(SkippedRow::of(e))
+                }
                 (Err(e), None) => return Err(e),
             }
         }

@@ -14,9 +14,9 @@
 //! `flowrl_datasets` ([`PromptDataset`]); this file maps graph parameters to it (verl's `data.*`
 //! names), loads everything at build time (so bad rows fail before step 0), and saves the
 //! data position (epoch, cursor, seed) as the node's state so that a resumed run sees the same
-//! next batch. Metrics: `training/epoch`, `data/filtered_overlong`, `data/truncated` and
-//! `data/skipped_mismatched` (counts of the load, reported at the run's first step, not again
-//! by a resumed process).
+//! next batch. Metrics: `training/epoch`, `data/filtered_overlong`, `data/truncated`,
+//! `data/skipped_mismatched` and `data/skipped_bad` (counts of the load, reported at the run's
+//! first step, not again by a resumed process).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -113,6 +113,10 @@ struct DatasetParams {
     /// data/skipped_mismatched)
     #[param(default = false)]
     skip_mismatched_rows: bool,
+    /// drop every row that would fail to load — a malformed value, an undecodable image, a
+    /// mismatch — instead of failing (counted in data/skipped_bad, the first ones warned about)
+    #[param(default = false)]
+    skip_bad_rows: bool,
 }
 
 impl DatasetParams {
@@ -136,6 +140,7 @@ impl DatasetParams {
                     ..VerlColumns::default()
                 },
                 skip_mismatched_rows: self.skip_mismatched_rows,
+                skip_bad_rows: self.skip_bad_rows,
                 check_images: true,
                 verl_image_patch_size: self.verl_image_patch_size,
                 video: VideoOptions {
@@ -370,12 +375,13 @@ fn build_node(params: &Params, ctx: &BuildContext) -> Result<DatasetNode> {
     let train = PromptDataset::load(&p.train_paths(), encoder.clone(), options.clone())?;
     anyhow::ensure!(
         train.len() >= options.batch_size,
-        "node `{}`: {} prompts are left after loading (filtered as overlong: {}, skipped as mismatched: {}), \
-             fewer than batch_size {}",
+        "node `{}`: {} prompts are left after loading (filtered as overlong: {}, skipped as mismatched: {}, \
+             skipped as bad: {}), fewer than batch_size {}",
         ctx.node,
         train.len(),
         train.report().filtered_overlong,
         train.report().skipped_mismatched.len(),
+        train.report().skipped_bad.len(),
         options.batch_size
     );
     let val = match &p.val_path {
@@ -432,8 +438,9 @@ impl Node for DatasetNode {
                 ctx.metric("data/filtered_overlong", r.filtered_overlong as f64);
                 ctx.metric("data/truncated", r.truncated as f64);
                 ctx.metric("data/skipped_mismatched", r.skipped_mismatched.len() as f64);
+                ctx.metric("data/skipped_bad", r.skipped_bad.len() as f64);
             }
-            for s in r.skipped_mismatched.iter().take(3) {
+            for s in r.skipped_mismatched.iter().chain(&r.skipped_bad).take(3) {
                 ctx.warn(format!(
                     "skipped {} row {}: {}",
                     s.source.file.display(),
