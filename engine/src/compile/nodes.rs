@@ -54,6 +54,14 @@ pub(super) fn check<'d>(
     ) else {
         return out;
     };
+    // The nodes that name a kind: what a kind-less node (a typo in `--set nodes.NAME.…`) most
+    // likely meant.
+    let named: Vec<&str> = table
+        .entries
+        .iter()
+        .filter(|o| o.value.as_table().is_some_and(|t| t.get("kind").is_some()))
+        .map(|o| o.key.as_str())
+        .collect();
     for e in &table.entries {
         let what = format!("node `{}`", e.key);
         let help = format!("write it as a section: `[nodes.{}]`", e.key);
@@ -64,14 +72,6 @@ pub(super) fn check<'d>(
             header: e.key_span,
             ..Default::default()
         };
-        // The nodes that name a kind: what a kind-less node (a typo in `--set nodes.NAME.…`)
-        // most likely meant.
-        let named: Vec<&str> = table
-            .entries
-            .iter()
-            .filter(|o| o.value.as_table().is_some_and(|t| t.get("kind").is_some()))
-            .map(|o| o.key.as_str())
-            .collect();
         let kind = kind(registry, e, t, &named, &mut spans, diags);
         let device = device(t, &what, &mut spans, diags);
         let timing_key = match t.get("timing") {

@@ -95,18 +95,20 @@ pub fn families() -> Vec<(String, String)> {
     by_type.into_iter().collect()
 }
 
-/// The nodes comparing two `update.ppo` configurations: an `old` log-prob node on model `a`, then
-/// node `first.0` on model `a` and node `second.0` on model `b`, both in `loss_agg_mode = mode`
-/// with an entropy bonus and AdamW's first step made smooth (lr 1, ε = 1: Δw = g / (|g| + 1)),
-/// each with its own further parameters (`first.1`, `second.1`: TOML lines).
+/// The nodes comparing two `update.ppo` configurations: an `old` log-prob node on model `a` (and
+/// `old_b` on `b`, as validation wants the trained model's log-probs; the tests hand both updates
+/// `old`'s, equal at the first step), then node `first.0` on model `a` and node `second.0` on
+/// model `b`, both in `loss_agg_mode = mode` with an entropy bonus and AdamW's first step made
+/// smooth (lr 1, ε = 1: Δw = g / (|g| + 1)), each with its own further parameters (`first.1`,
+/// `second.1`: TOML lines).
 pub fn ppo_pair(mode: &str, first: (&str, &str), second: (&str, &str)) -> String {
-    let update = |(name, extra): (&str, &str), model: &str| {
+    let update = |(name, extra): (&str, &str), model: &str, old: &str| {
         format!(
             r#"
 [nodes.{name}]
 kind = "update.ppo"
 model = "{model}"
-inputs = {{ rollouts = "rollout.rollouts", advantages = "adv.advantages", old_log_probs = "old.log_probs" }}
+inputs = {{ rollouts = "rollout.rollouts", advantages = "adv.advantages", old_log_probs = "{old}.log_probs" }}
 loss_agg_mode = "{mode}"
 lr = 1.0
 eps = 1.0
@@ -121,9 +123,14 @@ entropy_coeff = 0.01
 kind = "logprob"
 model = "a"
 inputs = {{ rollouts = "rollout.rollouts" }}
+
+[nodes.old_b]
+kind = "logprob"
+model = "b"
+inputs = {{ rollouts = "rollout.rollouts" }}
 {}{}"#,
-        update(first, "a"),
-        update(second, "b"),
+        update(first, "a", "old"),
+        update(second, "b", "old_b"),
     )
 }
 

@@ -498,6 +498,7 @@ mod tests {
             "ground_truth_key": "reward_model.ground_truth",
             "data_source_key": "data_source",
             "skip_mismatched_rows": false,
+            "skip_bad_rows": false,
             "video_key": "videos",
             "video_sample_fps": 2.0,
         });
