@@ -644,3 +644,39 @@ fn what_a_script_leaves_unknown_is_refused_not_guessed() {
     );
     assert!(e.contains("line 2: the verl command runs inside"), "{e}");
 }
+
+/// verl ignores the micro-batch sizes under `use_dynamic_bsz`: the graph gets the token budget
+/// alone (both forms at once are a validation error), and the ignored sizes are listed.
+#[test]
+fn dynamic_batches_write_the_token_budget_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("overrides.txt");
+    std::fs::write(
+        &input,
+        "algorithm.adv_estimator=grpo data.train_batch_size=4 actor_rollout_ref.rollout.n=2 \
+         actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.use_dynamic_bsz=True \
+         actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 \
+         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+         actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True \
+         actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192 \
+         actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8\n",
+    )
+    .unwrap();
+    let (text, t, _) = convert(&input, dir.path(), &[]);
+    assert_eq!(int(&t, "nodes.update.max_tokens_per_micro_batch"), 4096);
+    assert_eq!(int(&t, "nodes.old.max_tokens_per_micro_batch"), 8192);
+    assert!(
+        get(&t, "nodes.update").get("micro_batch_size").is_none(),
+        "{text}"
+    );
+    assert!(
+        get(&t, "nodes.old").get("micro_batch_size").is_none(),
+        "{text}"
+    );
+    assert!(
+        text.contains("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+            && text.contains("use_dynamic_bsz is on"),
+        "{text}"
+    );
+    validate(&dir.path().join("graph.toml"), &[]);
+}

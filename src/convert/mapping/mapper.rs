@@ -121,8 +121,10 @@ impl Mapper<'_> {
         }
     }
 
-    /// `micro_batch_size` from `[per_gpu, global]` ([`Self::micro`]), then the token budget
-    /// from `[use_dynamic_bsz, max_token_len]` ([`Self::dynamic`]).
+    /// The token budget from `[use_dynamic_bsz, max_token_len]` ([`Self::dynamic`]), else
+    /// `micro_batch_size` from `[per_gpu, global]` ([`Self::micro`]): never both, as verl
+    /// ignores the micro-batch size when `use_dynamic_bsz` is on (a micro-batch size the input
+    /// sets anyway is listed as of no meaning).
     pub(super) fn micro_batches(
         &mut self,
         s: &mut Section,
@@ -130,10 +132,23 @@ impl Mapper<'_> {
         [per_gpu, global]: [&str; 2],
         [use_key, len_key]: [&str; 2],
     ) {
+        if self.dynamic(s, kind, use_key, len_key) {
+            for key in [per_gpu, global] {
+                if self.cfg.set.contains(key) && !matches!(self.v(key), Value::Null) {
+                    self.notes.push(Note {
+                        key: key.to_string(),
+                        value: self.v(key).to_string(),
+                        kind: NoteKind::NoEffect(
+                            "use_dynamic_bsz is on: the token budget makes the micro-batches",
+                        ),
+                    });
+                }
+            }
+            return;
+        }
         if let Some((micro, from)) = self.micro(per_gpu, global) {
             s.set("micro_batch_size", micro.to_string(), &from);
         }
-        self.dynamic(s, kind, use_key, len_key);
     }
 
     /// A per-device micro-batch: `<prefix>_per_gpu`, else the global `<prefix>` ÷ dp.
@@ -192,16 +207,17 @@ impl Mapper<'_> {
     }
 
     /// verl's dynamic micro-batches (`use_dynamic_bsz` + a token budget) → the kind's
-    /// `max_tokens_per_micro_batch` when it has one.
-    fn dynamic(&mut self, s: &mut Section, kind: &str, use_key: &str, len_key: &str) {
+    /// `max_tokens_per_micro_batch` when it has one; whether it was set.
+    fn dynamic(&mut self, s: &mut Section, kind: &str, use_key: &str, len_key: &str) -> bool {
         if !self.flag(use_key) {
-            return;
+            return false;
         }
         let Some(tokens) = self.int(len_key) else {
-            return;
+            return false;
         };
         if self.kind_has(kind, "max_tokens_per_micro_batch") {
             s.set("max_tokens_per_micro_batch", tokens.to_string(), len_key);
+            true
         } else {
             self.not_carried(
                 use_key,
@@ -209,6 +225,7 @@ impl Mapper<'_> {
                     "`{kind}` has no token-budget micro-batches yet: micro-batches are counted in responses ({len_key} = {tokens} not used); the gradient is the same, only memory differs"
                 ),
             );
+            false
         }
     }
 }
