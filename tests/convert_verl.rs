@@ -680,3 +680,74 @@ fn dynamic_batches_write_the_token_budget_alone() {
     );
     validate(&dir.path().join("graph.toml"), &[]);
 }
+
+/// The commands of docs/from-verl.md's walk-through that need only this repository (the
+/// conversion of the recipe's overrides and the 2-step run on the tiny assets) run as written,
+/// in a directory that holds the repository's `tests`, `assets` and `datasets`, and the run's
+/// answers are not cut off.
+#[test]
+fn the_walk_through_commands_run_as_written() {
+    let docs = std::fs::read_to_string(root().join("docs/from-verl.md")).unwrap();
+    let walk = &docs[docs.find("## Walk-through").unwrap()..];
+    let walk = &walk[..walk.find("\n## ").unwrap()];
+    // Indented command lines, `\` continuations joined.
+    let mut commands: Vec<String> = Vec::new();
+    let mut open = false;
+    for line in walk.lines() {
+        let Some(text) = line.strip_prefix("    ") else {
+            open = false;
+            continue;
+        };
+        let text = text.trim();
+        if open {
+            commands.last_mut().unwrap().push(' ');
+            commands
+                .last_mut()
+                .unwrap()
+                .push_str(text.trim_end_matches('\\'));
+        } else if text.starts_with("flowrl ") {
+            commands.push(text.trim_end_matches('\\').to_string());
+        } else {
+            continue;
+        }
+        open = text.ends_with('\\');
+    }
+    let runnable: Vec<&String> = commands
+        .iter()
+        .filter(|c| c.starts_with("flowrl convert verl tests/") || c.contains("assets/tiny"))
+        .collect();
+    assert_eq!(runnable.len(), 2, "{commands:#?}");
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["tests", "assets", "datasets"] {
+        std::os::unix::fs::symlink(root().join(name), dir.path().join(name)).unwrap();
+    }
+    for command in runnable {
+        // Words as the shell splits them (the docs quote with '...' only).
+        let mut words: Vec<String> = Vec::new();
+        let mut quoted = false;
+        let mut word = String::new();
+        for c in command.chars() {
+            match c {
+                '\'' => quoted = !quoted,
+                ' ' if !quoted => {
+                    if !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                }
+                c => word.push(c),
+            }
+        }
+        words.push(word);
+        let out = Command::new(BIN)
+            .current_dir(dir.path())
+            .args(&words[1..])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "`{command}`:\n{}", stderr(&out));
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !printed.contains("was cut at max_new_tokens"),
+            "`{command}`:\n{printed}"
+        );
+    }
+}
