@@ -451,9 +451,9 @@ fn batch_sizes_follow_verls_rule() {
     assert_eq!(int(&g, "nodes.ref.micro_batch_size"), 12); // already per GPU
     assert_eq!(get(&g, "run.devices").as_array().unwrap().len(), 4);
     // The shapes task's 2000 training rows: 3 epochs × ⌊2000 ÷ 64⌋ = 3 × 31 steps; a checkpoint
-    // every 5 steps, all 19 kept (verl keeps every one by default).
+    // every 5 steps, every one kept (verl's null), whatever `--steps` the run is given.
     assert_eq!(int(&g, "run.steps"), 93, "{text}");
-    assert_eq!(int(&g, "run.keep_checkpoints"), 19);
+    assert_eq!(int(&g, "run.keep_checkpoints"), 0);
     assert!(g.get("nodes").unwrap().get("eval").is_none());
     validate(&tmp.path().join("graph.toml"), &[]);
 }

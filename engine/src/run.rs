@@ -174,7 +174,10 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     };
     let total = graph.run.steps;
     let every = graph.run.checkpoint_every;
-    let keep = graph.run.keep_checkpoints as usize;
+    let keep = match graph.run.keep_checkpoints {
+        0 => usize::MAX,
+        k => k as usize,
+    };
     let plot = graph.run.plot;
     let mut session = Session::build(
         graph,

@@ -125,6 +125,17 @@ fn resume_reproduces_the_uninterrupted_run_exactly() {
         .into_iter()
         .collect();
     assert_eq!(kept, vec!["step_000006", "step_000007"]);
+    // `keep_checkpoints = 0` keeps every one (verl's `max_actor_ckpt_to_keep = null`).
+    let all = tmp.path().join("all");
+    run(
+        graph(&reg, TRAIN, &["run.steps=7", "run.keep_checkpoints=0"]),
+        &opts(&all, false),
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::read_dir(all.join("checkpoints")).unwrap().count(),
+        3
+    );
     std::fs::remove_dir_all(part.join("checkpoints/step_000007")).unwrap();
     use std::io::Write;
     writeln!(

@@ -33,8 +33,8 @@ pub fn run_params() -> Vec<ParamSpec> {
             .doc("write a checkpoint every N steps and after the last step (0: never)"),
         ParamSpec::int("keep_checkpoints")
             .default(2)
-            .min(1.0)
-            .doc("how many of the newest checkpoints to keep"),
+            .min(0.0)
+            .doc("how many of the newest checkpoints to keep (0: every one)"),
         ParamSpec::int("workers")
             .default(0)
             .min(0.0)

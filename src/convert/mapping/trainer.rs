@@ -54,14 +54,11 @@ pub(super) fn run(m: &mut Mapper, p: &Plan) {
                 k.to_string(),
                 "trainer.max_actor_ckpt_to_keep",
             ),
-            _ => {
-                let all = ((steps + save - 1) / save).max(1);
-                run.set(
-                    "keep_checkpoints",
-                    all.to_string(),
-                    "trainer.max_actor_ckpt_to_keep (null: keep every checkpoint)",
-                );
-            }
+            _ => run.set(
+                "keep_checkpoints",
+                "0".into(),
+                "trainer.max_actor_ckpt_to_keep (null: keep every checkpoint)",
+            ),
         }
     } else {
         run.set("checkpoint_every", "0".into(), "trainer.save_freq");
