@@ -580,20 +580,8 @@ fn split_commands(text: &str) -> Result<Vec<Command>> {
                 }
             },
             '#' if !in_word => {
-                for ch in chars.by_ref() {
-                    if ch == '\n' {
-                        line += 1;
-                        break;
-                    }
-                }
-                end_word(&mut words, &mut cur, &mut in_word);
-                if !words.is_empty() {
-                    commands.push(Command {
-                        line: start,
-                        words: std::mem::take(&mut words),
-                    });
-                }
-                start = line;
+                // A comment: to the end of the line, whose newline ends the command below.
+                while chars.next_if(|&ch| ch != '\n').is_some() {}
             }
             '`' => {
                 in_word = true;

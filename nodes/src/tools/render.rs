@@ -152,8 +152,7 @@ impl TurnTemplate {
         ids: Vec<u32>,
         pictures: &[Arc<RgbImage>],
     ) -> Result<(Vec<u32>, Vec<ProcessedImage>)> {
-        let pictures: Vec<&RgbImage> = pictures.iter().map(|p| p.as_ref()).collect();
-        self.encoder.expand_pictures(&ids, &pictures).with_context(|| {
+        self.encoder.expand_pictures(&ids, pictures).with_context(|| {
             format!(
                 "model `{}`: the tool answer's pictures (a template that drops pictures in tool \
                  messages would train a policy on pictures it never saw)",

@@ -289,12 +289,10 @@ impl ZeroAdvantages {
         let cause = if !r.truncated.is_empty() && r.truncated.iter().all(|&t| t) {
             "every response is cut at max_new_tokens, so none is scored as finished: raise \
              max_new_tokens (verl: data.max_response_length)"
-                .to_string()
         } else {
             "every group's responses get the same score (a reward that never varies, a task the \
              policy always or never solves, or one response per prompt, n = 1, for a \
              group-relative estimator)"
-                .to_string()
         };
         ctx.warn(format!(
             "the advantages have been all zero for {} steps in a row, so the update learns \
