@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use burn::backend::Flex;
-use common::{BIN, SMALL, assert_identical_metrics, flowrl, metrics, root};
+use common::{BIN, SMALL, assert_identical_metrics, flowrl, metrics, root, training_steps};
 use flowrl_models::lora::{AdapterInit, read_peft_adapter};
 use flowrl_models::weights::Precision;
 use flowrl_models::{Model, PaddedBatch};
@@ -54,7 +54,7 @@ fn lora_run_checkpoints_adapters_only_resumes_exactly_and_exports() {
     run(&full, "4", false);
     run(&resumed, "2", false);
     run(&resumed, "4", true);
-    let m = metrics(&full);
+    let m = training_steps(metrics(&full));
     assert_eq!(m.len(), 4);
     assert!(
         m.iter()
@@ -62,7 +62,7 @@ fn lora_run_checkpoints_adapters_only_resumes_exactly_and_exports() {
     );
     assert_identical_metrics(
         &metrics(&resumed),
-        &m,
+        &metrics(&full),
         "a resumed LoRA run reproduces the uninterrupted one",
     );
 
@@ -189,7 +189,7 @@ fn lora_on_a_bf16_base_trains_f32_adapters() {
         "run.checkpoint_every=2",
     ]);
     flowrl(&args);
-    let m = metrics(&out);
+    let m = training_steps(metrics(&out));
     assert!(
         m.iter()
             .all(|s| s["actor/grad_norm"].as_f64().unwrap() > 0.0)

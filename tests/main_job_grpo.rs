@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{BIN, GRAPH, SMALL, assert_identical_metrics, flowrl, metrics, root};
+use common::{BIN, GRAPH, SMALL, assert_identical_metrics, flowrl, metrics, root, training_steps};
 
 /// Per test run, besides [`SMALL`]: an evaluation every step, a checkpoint every 2.
 const EXTRA: &[&str] = &[
@@ -43,7 +43,7 @@ fn default_graph_trains_for_a_few_steps_and_writes_a_loadable_checkpoint() {
     let dir = tmp();
     let out = dir.path().join("run");
     run(&out, 2);
-    let m = metrics(&out);
+    let m = training_steps(metrics(&out));
     assert_eq!(m.len(), 2);
     for key in [
         "critic/score/mean",

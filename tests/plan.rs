@@ -181,7 +181,11 @@ fn a_run_records_its_plan_and_logs_memory_and_mfu() {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("plan.json")).unwrap()).unwrap();
     let predicted = plan["process_peak_bytes"].as_u64().unwrap() as f64;
     let line = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
-    let m: serde_json::Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    let m: serde_json::Value = line
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|m| m["step"] == 1)
+        .unwrap();
     let gb = (1u64 << 30) as f64;
     let peak = m["perf/max_memory_allocated_gb"].as_f64().unwrap() * gb;
     let used = m["perf/cpu_memory_used_gb"].as_f64().unwrap() * gb;

@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod common;
-use common::small_task;
+use common::{small_task, training_steps};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
 const GRAPH: &str = "graphs/grpo_qwen3_vl.toml";
@@ -116,7 +116,7 @@ fn grpo_qwen3_vl_runs_two_steps_with_consistent_log_probs() {
         text(&out.stdout),
         text(&out.stderr)
     );
-    let m = metrics(&run);
+    let m = training_steps(metrics(&run));
     assert_eq!(m.len(), 2, "{m:?}");
     for (k, step) in m.iter().enumerate() {
         assert_eq!(step["step"].as_u64(), Some(k as u64 + 1));

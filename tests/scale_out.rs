@@ -117,10 +117,20 @@ fn rank(rank: usize, port: u16, out: &Path, timeout: &str, steps: &str, torchrun
     c
 }
 
+/// The training steps in the run's metrics.jsonl: its lines but the evaluation before training
+/// (step 0).
+fn steps_done(out: &Path) -> usize {
+    std::fs::read_to_string(out.join("metrics.jsonl")).map_or(0, |m| {
+        m.lines()
+            .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["step"] != 0))
+            .count()
+    })
+}
+
 /// Waits until the run in `out` has finished a step (its collectives are set up and working).
 fn after_a_step(out: &Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
-    while std::fs::read_to_string(out.join("metrics.jsonl")).map_or(true, |m| m.is_empty()) {
+    while steps_done(out) == 0 {
         assert!(
             Instant::now() < deadline,
             "{} never finished a step",
@@ -316,10 +326,7 @@ fn a_sigterm_to_one_process_stops_both_after_the_same_step_and_they_resume() {
     let mut stopped = Vec::new();
     for (r, child) in children.into_iter().enumerate() {
         let stdout = succeeded(r, child.wait_with_output().unwrap());
-        let done = std::fs::read_to_string(outs[r].join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .count();
+        let done = steps_done(&outs[r]);
         assert!(
             (1..4).contains(&done),
             "rank {r} stopped after {done} steps"
@@ -421,10 +428,11 @@ fn a_sharded_two_process_checkpoint_resumes_in_one_process() {
     );
     // Resumed in one process, from rank 0's directory.
     run_with_checkpoints(&["run", "--resume", outs[0].to_str().unwrap(), "--steps", "4"]);
-    // (Steps 1 and 2 differ by the evaluation a run makes after its last step.)
+    // (Lines 1 and 2, steps 1 and 2, differ by the evaluation a run makes after its last step;
+    // line 0 is the evaluation before training.)
     assert_same_metrics(
-        &expected[2..],
-        &metrics(&outs[0])[2..],
+        &expected[3..],
+        &metrics(&outs[0])[3..],
         "steps 3 and 4 resumed in one process",
     );
 }

@@ -75,6 +75,7 @@ fn a_multi_turn_graph_runs_and_writes_readable_trajectories() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    let metrics = common::training_steps(metrics);
     assert_eq!(metrics.len(), 2);
     for m in &metrics {
         // A response is the prompt and at least one assistant turn (verl counts both).

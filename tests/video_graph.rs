@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{SMALL, flowrl, metrics};
+use common::{SMALL, flowrl, metrics, training_steps};
 
 #[test]
 fn one_grpo_step_runs_on_a_video_dataset() {
@@ -30,7 +30,7 @@ fn one_grpo_step_runs_on_a_video_dataset() {
     ];
     args.extend_from_slice(SMALL);
     flowrl(&args);
-    let m = metrics(&out);
+    let m = training_steps(metrics(&out));
     assert_eq!(m.len(), 1);
     let step = m[0].as_object().unwrap();
     let prompt_max = step["prompt_length/max"].as_f64().unwrap();

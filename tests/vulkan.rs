@@ -44,7 +44,11 @@ fn vulkan_run_of_the_default_graph_matches_the_cpu() {
         assert!(run_json.contains(&format!("\"{device}:0\"")), "{run_json}");
         by_device.push(metrics(&out));
     }
-    assert_eq!(by_device[0].len(), 3);
+    assert_eq!(
+        by_device[0].len(),
+        4,
+        "step 0 (the evaluation before training) and 3 steps"
+    );
     assert_same_metrics(&by_device[0], &by_device[1], "vulkan vs cpu");
 }
 

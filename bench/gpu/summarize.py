@@ -31,7 +31,8 @@ def metrics(run_dir):
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 pass  # a line cut by a timeout
-    return rows
+    # The training steps: step 0 is the evaluation before training.
+    return [r for r in rows if r.get("step") != 0]
 
 
 def steps_tsv(out):

@@ -24,8 +24,10 @@ def read_time(path):
 
 
 def flowrl_steps(run_dir):
+    """The training steps' metrics (step 0, the evaluation before training, left out)."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if r.get("step") != 0]
 
 
 def steady(xs):

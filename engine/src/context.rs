@@ -46,9 +46,37 @@ pub struct BuildContext {
     pub resources: Arc<Resources>,
     /// The run directory (`None` for `validate`-style dry builds and tests).
     pub run_dir: Option<PathBuf>,
+    /// The graph the node belongs to (`None` for nodes built outside a session: tests, tools).
+    pub graph: Option<Arc<crate::Graph>>,
 }
 
 impl BuildContext {
+    /// A private instance of the graph's node `name`, built again from its kind and parameters,
+    /// on this node's device and resources, for this node to run on inputs of its own (an
+    /// `eval` scoring its responses with the training reward). Named `<this node>/<name>`.
+    pub fn build_copy(&self, name: &str) -> anyhow::Result<Box<dyn crate::Node>> {
+        let graph = self.graph.as_ref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "node `{}` is built outside a graph: no node `{name}` to copy",
+                self.node
+            )
+        })?;
+        let id = graph
+            .node_id(name)
+            .ok_or_else(|| anyhow::anyhow!("the graph has no node `{name}` to copy"))?;
+        let n = &graph.nodes[id];
+        let ctx = BuildContext {
+            node: format!("{}/{name}", self.node),
+            ..self.clone()
+        };
+        n.kind.build(&n.params, &ctx).map_err(|e| {
+            e.context(format!(
+                "building a copy of node `{name}` (kind `{}`)",
+                n.kind.name()
+            ))
+        })
+    }
+
     /// A resource by name, downcast to its Rust type.
     pub fn resource<T: std::any::Any + Send + Sync>(&self, name: &str) -> anyhow::Result<Arc<T>> {
         self.resources.get::<T>(name)
@@ -74,6 +102,8 @@ pub struct StepContext {
     pub(crate) warnings: Vec<String>,
     /// The nodes this node repeats (its `repeat` list), when it has any.
     pub(crate) repeat: Option<crate::repeat::Repeat>,
+    /// Running in the pass before the first step ([`crate::Node::before_train`]).
+    pub(crate) before_train: bool,
 }
 
 impl StepContext {
@@ -98,19 +128,26 @@ impl StepContext {
             metrics: Vec::new(),
             warnings: Vec::new(),
             repeat: None,
+            before_train: false,
         }
     }
 
-    /// 0-based index of the current step.
+    /// 0-based index of the current step (0 in the pass before the first step).
     pub fn step(&self) -> u64 {
         self.step
+    }
+    /// Whether this is the pass before the first step ([`crate::Node::before_train`]), which
+    /// evaluates the initial weights.
+    pub fn is_before_train(&self) -> bool {
+        self.before_train
     }
     /// Number of steps of the run.
     pub fn total_steps(&self) -> u64 {
         self.total_steps
     }
+    /// Whether this is the run's last step (never in the pass before the first step).
     pub fn is_last_step(&self) -> bool {
-        self.step + 1 == self.total_steps
+        !self.before_train && self.step + 1 == self.total_steps
     }
     pub fn seed(&self) -> u64 {
         self.seed
@@ -130,15 +167,26 @@ impl StepContext {
     }
 
     /// This node's generator for this step, seeded from (run seed, step, node name). Successive
-    /// calls within one step continue the same stream.
+    /// calls within one step continue the same stream. The pass before the first step draws
+    /// from a stream of its own.
     pub fn rng(&mut self) -> &mut StdRng {
-        let seed = derive_seed(self.seed, self.step, &self.node);
+        let seed = derive_seed(self.seed, self.stream(), &self.node);
         self.rng.get_or_insert_with(|| StdRng::seed_from_u64(seed))
     }
 
     /// A seed for (run seed, step, node name, tag), e.g. to seed a backend's own generator.
     pub fn derive_seed(&self, tag: &str) -> u64 {
-        derive_seed(self.seed, self.step, &format!("{}/{tag}", self.node))
+        derive_seed(self.seed, self.stream(), &format!("{}/{tag}", self.node))
+    }
+
+    /// The step index random draws derive from: the step's, or for the pass before the first
+    /// step one no step has (`u64::MAX` is [`BuildContext::init_seed`]'s).
+    fn stream(&self) -> u64 {
+        if self.before_train {
+            u64::MAX - 1
+        } else {
+            self.step
+        }
     }
 
     /// Records a metric for this step (use verl's names: `actor/pg_loss`, `critic/score/mean`, ...).

@@ -170,6 +170,15 @@ impl NodeTable<'_> {
 pub trait Node: Send {
     /// Runs one step.
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs>;
+    /// Runs in the pass before the first step of a run that starts at step 1 (verl's
+    /// `val_before_train`): the weights are the initial ones and nothing trains. The pass runs
+    /// the graph's nodes in order with this method instead of [`Node::run`]; a node may return
+    /// some of its outputs (a dataset its validation prompts), and a node missing a required
+    /// input is skipped. The pass's metrics are logged as step 0. Default: skipped.
+    fn before_train(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
+        let _ = (inputs, ctx);
+        Ok(Outputs::skipped())
+    }
     /// Small state to keep in checkpoints (data position, counters). Large binary state belongs in
     /// a resource, whose kind saves files.
     fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {
@@ -201,6 +210,11 @@ impl<'a> ValidateCtx<'a> {
             Subject::Node(i) => &self.graph.nodes[i].name,
             Subject::Resource(i) => &self.graph.resources[i].name,
         }
+    }
+
+    /// The whole graph being checked.
+    pub fn graph(&self) -> &'a Graph {
+        self.graph
     }
 
     pub fn params(&self) -> &'a Params {

@@ -25,7 +25,7 @@ const SHOWN: &[(&str, &str)] = &[
     ("actor/kl_loss", "kl"),
     ("actor/entropy", "entropy"),
     ("response_length/mean", "len"),
-    ("val/score/mean", "val"),
+    ("val/score", "val"),
 ];
 
 pub struct Progress {
@@ -108,11 +108,7 @@ impl Progress {
 /// `step 3/60  score 0.531  pg_loss -0.0120 | 4.21s: gen 2.10 ref 0.40 ...`
 pub fn step_line(report: &StepReport, total: u64) -> String {
     let mut s = format!("step {}/{total}", report.step + 1);
-    for (key, label) in SHOWN {
-        if let Some(v) = report.metrics.get(*key) {
-            s.push_str(&format!("  {label} {}", fmt_num(*v)));
-        }
-    }
+    s.push_str(&shown_metrics(report));
     let step_t = report.metrics.get("timing_s/step").copied().unwrap_or(0.0);
     s.push_str(&format!(" | {step_t:.2}s:"));
     for (k, v) in &report.metrics {
@@ -130,6 +126,28 @@ pub fn step_line(report: &StepReport, total: u64) -> String {
         .collect();
     if !skipped.is_empty() {
         s.push_str(&format!(" (skipped: {})", skipped.join(", ")));
+    }
+    s
+}
+
+/// `before training  val 0.250 | eval 3.10s`: the pass before the first step.
+pub fn before_train_line(report: &StepReport) -> String {
+    let mut s = format!("before training{} |", shown_metrics(report));
+    for (k, v) in &report.metrics {
+        if let Some(key) = k.strip_prefix("timing_s/") {
+            s.push_str(&format!(" {key} {v:.2}s"));
+        }
+    }
+    s
+}
+
+/// `  score 0.531  pg_loss -0.0120`: the [`SHOWN`] metrics the report has.
+fn shown_metrics(report: &StepReport) -> String {
+    let mut s = String::new();
+    for (key, label) in SHOWN {
+        if let Some(v) = report.metrics.get(*key) {
+            s.push_str(&format!("  {label} {}", fmt_num(*v)));
+        }
     }
     s
 }

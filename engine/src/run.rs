@@ -4,7 +4,9 @@
 //! A resumed run restores the newest complete checkpoint ([`RunDir::resume_point`]: newer,
 //! incomplete ones are reported and passed over) and continues at the following step; because
 //! every random draw derives from (seed, step, node name), it reproduces the uninterrupted run.
-//! A run killed before its first checkpoint resumes from step 1. SIGTERM (how clusters preempt
+//! A run killed before its first checkpoint resumes from step 1. A run that starts at step 1
+//! first runs the pass before training ([`Session::run_before_train`]: an `eval` node's
+//! `before_train`), logged as step 0. SIGTERM (how clusters preempt
 //! a job) stops the run at the next step boundary with a checkpoint of that step, whatever
 //! `checkpoint_every` says, and the process exits 0; `--resume` continues it. The processes of
 //! a multi-process run vote after every step ([`crate::placement::stop_voted`]): a SIGTERM to any
@@ -257,6 +259,19 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         .context("watching for SIGTERM")?;
     let _unwatch = Unregister(watch);
     let mut stopped_after = None;
+    if first == 0
+        && let Some(report) = session
+            .run_before_train(&mut |e| progress.event(e))
+            .inspect_err(|_| progress.finish())?
+    {
+        for n in &report.nodes {
+            for w in &n.warnings {
+                progress.message(&format!("warning: node `{}`: {w}", n.name));
+            }
+        }
+        metrics.write(0, &report.metrics)?;
+        progress.message(&crate::progress::before_train_line(&report));
+    }
     for step in first..total {
         let mut report = session
             .run_step(step, &mut |e| progress.event(e))

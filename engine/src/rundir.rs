@@ -220,7 +220,8 @@ impl RunDir {
     }
 
     /// Opens `metrics.jsonl` for appending, first dropping lines of steps after `keep_steps`
-    /// (steps a killed run wrote after its last checkpoint, which a resume will run again).
+    /// (steps a killed run wrote after its last checkpoint, which a resume will run again); at
+    /// `keep_steps` 0 every line, step 0 (the pass before training, run again) included.
     pub fn metrics_writer(&self, keep_steps: u64) -> anyhow::Result<MetricsWriter> {
         let path = self.metrics_file();
         if path.exists() {
@@ -230,7 +231,7 @@ impl RunDir {
                     serde_json::from_str::<serde_json::Value>(l)
                         .ok()
                         .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
-                        .is_some_and(|s| s <= keep_steps)
+                        .is_some_and(|s| keep_steps > 0 && s <= keep_steps)
                 })
                 .collect();
             let mut text = kept.join("\n");
@@ -550,8 +551,8 @@ pub struct MetricsWriter {
 }
 
 impl MetricsWriter {
-    /// Writes `{"step": step, ...metrics}`; `step` is 1-based (verl's `global_steps`). Non-finite
-    /// values are written as `null`.
+    /// Writes `{"step": step, ...metrics}`; `step` is 1-based (verl's `global_steps`), 0 for the
+    /// pass before training. Non-finite values are written as `null`.
     pub fn write(&mut self, step: u64, metrics: &BTreeMap<String, f64>) -> anyhow::Result<()> {
         let mut obj = serde_json::Map::new();
         obj.insert("step".into(), step.into());

@@ -55,7 +55,13 @@ impl WorkerPool {
                     .spawn(move || {
                         for mut t in rx {
                             let start = Instant::now();
-                            let result = run_caught(&mut t.node, &t.inputs, &mut t.ctx);
+                            let result = if t.ctx.before_train {
+                                caught(&mut t.node, &t.inputs, &mut t.ctx, |n, i, c| {
+                                    n.before_train(i, c)
+                                })
+                            } else {
+                                run_caught(&mut t.node, &t.inputs, &mut t.ctx)
+                            };
                             let done = Done {
                                 id: t.id,
                                 node: t.node,
@@ -85,16 +91,25 @@ pub(crate) fn run_caught(
     inputs: &Inputs,
     ctx: &mut StepContext,
 ) -> anyhow::Result<Outputs> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.run(inputs, ctx))).unwrap_or_else(
-        |p| {
+    caught(node, inputs, ctx, |n, i, c| n.run(i, c))
+}
+
+/// `call(node, inputs, ctx)`, with a panic turned into the node's error ([`panic_error`]).
+fn caught(
+    node: &mut Box<dyn Node>,
+    inputs: &Inputs,
+    ctx: &mut StepContext,
+    call: impl FnOnce(&mut Box<dyn Node>, &Inputs, &mut StepContext) -> anyhow::Result<Outputs>,
+) -> anyhow::Result<Outputs> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(node, inputs, ctx)))
+        .unwrap_or_else(|p| {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
             Err(panic_error(&msg, ctx.device()))
-        },
-    )
+        })
 }
 
 /// The error of a node that panicked on `device`. GPU backends panic when an allocation fails
@@ -145,6 +160,8 @@ pub struct NodeReport {
 /// Everything shared by the nodes of one step.
 pub struct StepEnv<'a> {
     pub step: u64,
+    /// The pass before the first step ([`Node::before_train`]) rather than step `step`.
+    pub before_train: bool,
     pub total_steps: u64,
     pub seed: u64,
     pub devices: &'a [DeviceSpec],
@@ -202,6 +219,7 @@ pub fn run_step(
         metrics: Vec::new(),
         warnings: Vec::new(),
         repeat: None,
+        before_train: env.before_train,
     };
     let skipped_report = |id: NodeId| NodeReport {
         name: graph.nodes[id].name.clone(),
@@ -311,18 +329,29 @@ pub fn run_step(
             }
         }
         on_event(Event::NodeFinished(&g.name, seconds));
+        // In the pass before the first step a node gives what it can; its consumers that miss
+        // a required input are skipped.
+        let consumed = if env.before_train {
+            Vec::new()
+        } else {
+            consumed_ports(graph, id)
+        };
         let outs = match done
             .result
-            .and_then(|o| check_outputs(&g.kind, &consumed_ports(graph, id), o))
+            .and_then(|o| check_outputs(&g.kind, &consumed, o))
         {
             Ok(o) => o,
             Err(e) => {
                 if failure.is_none() {
+                    let when = if env.before_train {
+                        "before the first step".to_string()
+                    } else {
+                        format!("at step {}", env.step + 1)
+                    };
                     failure = Some(e.context(format!(
-                        "node `{}` (kind `{}`) failed at step {}",
+                        "node `{}` (kind `{}`) failed {when}",
                         g.name,
                         g.kind.name(),
-                        env.step + 1
                     )));
                 }
                 continue;

@@ -118,7 +118,7 @@ fn graph_summary(graph: &Graph) -> (BTreeMap<String, String>, BTreeMap<String, S
 }
 
 pub struct Session {
-    pub graph: Graph,
+    pub graph: Arc<Graph>,
     nodes: Vec<Option<Box<dyn Node>>>,
     resources: Arc<Resources>,
     placements: Vec<Placement>,
@@ -179,6 +179,7 @@ impl Session {
                 );
             }
         }
+        let graph = Arc::new(graph);
         let seed = graph.run.seed;
         let total_steps = graph.run.steps;
         let mut resources = Resources::default();
@@ -199,6 +200,7 @@ impl Session {
                 total_steps,
                 resources: Arc::new(resources.clone()),
                 run_dir: run_dir.clone(),
+                graph: Some(graph.clone()),
             };
             let value = r
                 .kind
@@ -227,6 +229,7 @@ impl Session {
                 total_steps,
                 resources: resources.clone(),
                 run_dir: run_dir.clone(),
+                graph: Some(graph.clone()),
             };
             let node = n.kind.build(&n.params, &ctx).with_context(|| {
                 format!("building node `{}` (kind `{}`)", n.name, n.kind.name())
@@ -269,8 +272,35 @@ impl Session {
         on_event: &mut dyn FnMut(Event<'_>),
     ) -> anyhow::Result<StepReport> {
         let start = Instant::now();
+        let mut report = self.run_pass(step, false, on_event)?;
+        report
+            .metrics
+            .insert("timing_s/step".into(), start.elapsed().as_secs_f64());
+        Ok(report)
+    }
+
+    /// The pass before the first step ([`crate::Node::before_train`]): the nodes that evaluate
+    /// the initial weights run, the others are skipped. `None` when no node reported a metric.
+    pub fn run_before_train(
+        &mut self,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> anyhow::Result<Option<StepReport>> {
+        let report = self.run_pass(0, true, on_event)?;
+        let reported = report.nodes.iter().any(|n| !n.metrics.is_empty());
+        Ok(reported.then_some(report))
+    }
+
+    /// Runs the graph once: step `step`, or the pass before the first step. The metrics are the
+    /// nodes' and `timing_s/<key>`, the seconds of the nodes that ran summed per timing key.
+    fn run_pass(
+        &mut self,
+        step: u64,
+        before_train: bool,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> anyhow::Result<StepReport> {
         let env = StepEnv {
             step,
+            before_train,
             total_steps: self.graph.run.steps,
             seed: self.graph.run.seed,
             devices: &self.first_devices,
@@ -292,7 +322,6 @@ impl Session {
             let key = &self.graph.nodes[self.graph.node_id(&r.name).expect("known")].timing_key;
             *metrics.entry(format!("timing_s/{key}")).or_insert(0.0) += r.seconds;
         }
-        metrics.insert("timing_s/step".into(), start.elapsed().as_secs_f64());
         Ok(StepReport {
             step,
             metrics,

@@ -306,6 +306,7 @@ fn values_gae_and_the_critic_update_on_the_tiny_policy() {
         total_steps: 2,
         resources: s.resources().clone(),
         run_dir: None,
+        graph: None,
     };
     let mut node = kind.build(&params, &ctx).unwrap();
     let inputs = critic_inputs(&seen);

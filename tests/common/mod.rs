@@ -75,6 +75,20 @@ pub fn metrics(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The training steps' lines (step ≥ 1) of `lines`, after checking that the first line is the
+/// evaluation before training (step 0, `val/*` only), which a graph with an eval node logs.
+pub fn training_steps(mut lines: Vec<Value>) -> Vec<Value> {
+    let first = lines.first().expect("a metrics line");
+    assert_eq!(
+        first["step"], 0,
+        "the evaluation before training comes first: {first}"
+    );
+    assert!(first.get("val/score").is_some(), "{first}");
+    assert!(first.get("critic/score/mean").is_none(), "{first}");
+    lines.remove(0);
+    lines
+}
+
 /// `b` holds exactly `a`'s metrics, step for step and key for key. A failure lists the metrics
 /// that differ (step, name, both values) instead of printing both runs whole.
 pub fn assert_identical_metrics(a: &[Value], b: &[Value], what: &str) {
@@ -137,7 +151,7 @@ pub fn assert_same_metrics(a: &[Value], b: &[Value], what: &str) {
     assert!(last["actor/grad_norm"].as_f64().unwrap() > 1e-3);
     assert!(
         a.iter()
-            .any(|m| m["critic/score/mean"].as_f64().unwrap() > 0.0)
+            .any(|m| m["critic/score/mean"].as_f64().is_some_and(|s| s > 0.0))
     );
     assert!(last["response_length/mean"].as_f64().unwrap() > 0.0);
 }

@@ -1,13 +1,17 @@
-//! The `eval` node kind: greedy generation on the validation prompts every `every` steps (and at
-//! the last step), scored with a rule-based reward; metrics per `data_source`.
+//! The `eval` node kind: greedy generation on the validation prompts after every `every`-th step
+//! (steps k, 2k, … as verl's `test_freq`), after the last step, and before the first
+//! (`before_train`, verl's `val_before_train`, logged as step 0); metrics per `data_source`.
 //!
 //! Wire `prompts` to the dataset node's `val_prompts` and, to evaluate the weights after the
 //! step's update (and keep the order deterministic), `after` to the update node's `done`.
 //!
-//! Scoring: the built-in rule named by `reward`, or any reward node of the graph — a plugin or an
-//! `exec` reward included — that the eval node repeats (see `flowrl_engine::repeat`): list it in
-//! `repeat`, wire its `rollouts` to `eval.rollouts` (each chunk of responses is handed to it) and
-//! `eval.scores` to its `scores`:
+//! Scoring, as verl validates with the training reward function: by default a private copy of
+//! the graph's training reward node (the one node with a `scores` output that reads nothing but
+//! `rollouts`; a graph with several must choose), built from its kind and parameters — a
+//! plugin or an `exec` reward included. Otherwise the built-in rule named by `reward` (geo3k when
+//! the graph has no such node), or a reward node of the graph that the eval node repeats (see
+//! `flowrl_engine::repeat`): list it in `repeat`, wire its `rollouts` to `eval.rollouts` (each
+//! chunk of responses is handed to it) and `eval.scores` to its `scores`:
 //!
 //! ```toml
 //! [nodes.val_reward]
@@ -35,8 +39,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use flowrl_algorithms::rewards::{BuiltinReward, RewardFunction};
 use flowrl_engine::{
-    BuildContext, Diagnostic, Footprint, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec,
-    Params, PlanCtx, Port, PortSpec, StepContext, ValidateCtx,
+    BuildContext, Diagnostic, Footprint, Graph, Inputs, Node, NodeKind, Outputs, ParamSchema,
+    ParamSpec, Params, Payload, PlanCtx, Port, PortSpec, Resources, StepContext, ValidateCtx,
+    Value,
 };
 use rand::Rng;
 use serde::Deserialize;
@@ -64,12 +69,16 @@ struct EvalParams {
     /// the model to evaluate
     #[param(resource = "model", required)]
     model: String,
-    /// evaluate every N steps (and at the last step)
+    /// evaluate after steps N, 2N, … (and after the last step)
     #[param(default = 5, min = 1.0)]
     every: u64,
-    /// rule-based reward used for scoring
-    #[param(one_of = &["geo3k", "exact_match", "format"], default = "geo3k")]
-    reward: String,
+    /// also evaluate the initial weights before the first step, logged as step 0
+    #[param(default = true)]
+    before_train: bool,
+    /// a built-in rule to score with instead of the graph's training reward node (without one:
+    /// geo3k)
+    #[param(one_of = &["geo3k", "exact_match", "format"])]
+    reward: Option<String>,
     /// prompts per generation batch
     #[param(default = 64, min = 1.0)]
     batch_size: usize,
@@ -109,8 +118,9 @@ impl NodeKind for EvalKind {
     }
 
     fn doc(&self) -> &str {
-        "Greedy generation on the validation prompts every `every` steps; reward and accuracy per \
-         data_source (val/<data_source>/score, val/<data_source>/accuracy)."
+        "Greedy generation on the validation prompts after every `every`-th step, the last step and \
+         (`before_train`) before the first; reward and accuracy per data_source \
+         (val/<data_source>/score, val/<data_source>/accuracy)."
     }
 
     fn inputs(&self) -> Vec<PortSpec> {
@@ -148,11 +158,30 @@ impl NodeKind for EvalKind {
         };
         let mut out = validate_generation(ctx, p.max_new_tokens);
         out.extend(validate_turns(ctx, &p.turns, p.max_new_tokens, false));
-        if ctx.input(SCORES.name()).is_some() && ctx.is_set("reward") {
-            out.push(ctx.warning(
+        if ctx.input(SCORES.name()).is_some() {
+            if ctx.is_set("reward") {
+                out.push(ctx.warning(
+                    "reward",
+                    "`reward` is ignored: the responses are scored by the reward node wired to \
+                     `scores`",
+                ));
+            }
+        } else if !ctx.is_set("reward")
+            && let rewards = training_rewards(ctx.graph(), ctx.name())
+            && rewards.len() > 1
+        {
+            out.push(ctx.error(
                 "reward",
-                "`reward` is ignored: the responses are scored by the reward node wired to \
-                 `scores`",
+                format!(
+                    "the graph has {} reward nodes ({}): say which scores validation, with a \
+                     built-in `reward` or a reward node in `repeat` wired to `scores`",
+                    rewards.len(),
+                    rewards
+                        .iter()
+                        .map(|r| format!("`{r}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             ));
         }
         out
@@ -179,7 +208,7 @@ impl NodeKind for EvalKind {
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: EvalParams = params.parse()?;
         let model = ctx.resource::<ModelResource>(&p.model)?;
-        let reward = BuiltinReward::from_name(&p.reward)?;
+        let scorer = Scorer::of(&p, ctx)?;
         let stop_ids = stop_token_ids(&model, &p.stop)?;
         let multi_turn = match &p.turns.tools {
             serde_json::Value::Null => None,
@@ -191,17 +220,78 @@ impl NodeKind for EvalKind {
         Ok(Box::new(EvalNode {
             p,
             model,
-            reward,
+            scorer,
             stop_ids,
             multi_turn,
         }))
     }
 }
 
+/// The graph's training reward nodes, which `eval` scores with unless its `reward` is set or its
+/// `scores` wired: the nodes (other than `eval`'s repeats) with a `scores` output that read
+/// nothing but one `rollouts` input.
+fn training_rewards<'g>(graph: &'g Graph, eval: &str) -> Vec<&'g str> {
+    let eval_id = graph.node_id(eval);
+    graph
+        .nodes
+        .iter()
+        .filter(|n| n.name != eval && (eval_id.is_none() || n.repeated_by != eval_id))
+        .filter(|n| {
+            n.kind
+                .outputs()
+                .iter()
+                .any(|o| !o.argument && o.ty == SCORES.port_type())
+        })
+        .filter(|n| matches!(&n.inputs[..], [e] if e.ty == ROLLOUTS.port_type()))
+        .map(|n| n.name.as_str())
+        .collect()
+}
+
+/// What scores the responses.
+enum Scorer {
+    /// A built-in rule.
+    Rule(BuiltinReward),
+    /// A private copy of the graph's training reward node.
+    Copy {
+        name: String,
+        node: Box<dyn Node>,
+        resources: Arc<Resources>,
+    },
+    /// The reward node wired to `scores`, which the eval node repeats.
+    Repeated,
+}
+
+impl Scorer {
+    fn of(p: &EvalParams, ctx: &BuildContext) -> Result<Scorer> {
+        if let Some(rule) = &p.reward {
+            return Ok(Scorer::Rule(BuiltinReward::from_name(rule)?));
+        }
+        let Some(graph) = &ctx.graph else {
+            return Ok(Scorer::Rule(BuiltinReward::from_name("geo3k")?));
+        };
+        let me = graph.node_id(&ctx.node).map(|i| &graph.nodes[i]);
+        if me.is_some_and(|n| n.inputs.iter().any(|e| e.port == SCORES.name())) {
+            return Ok(Scorer::Repeated);
+        }
+        Ok(match training_rewards(graph, &ctx.node)[..] {
+            [] => Scorer::Rule(BuiltinReward::from_name("geo3k")?),
+            [name] => Scorer::Copy {
+                name: format!("{}/{name}", ctx.node),
+                node: ctx.build_copy(name)?,
+                resources: ctx.resources.clone(),
+            },
+            ref several => anyhow::bail!(
+                "the graph has several reward nodes ({}): set `reward` or wire `scores`",
+                several.join(", ")
+            ),
+        })
+    }
+}
+
 struct EvalNode {
     p: EvalParams,
     model: Arc<ModelResource>,
-    reward: BuiltinReward,
+    scorer: Scorer,
     stop_ids: Vec<u32>,
     /// Multi-turn generation, when the node declares tools.
     multi_turn: Option<MultiTurn>,
@@ -216,9 +306,23 @@ struct SourceStats {
 
 impl Node for EvalNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
-        if !ctx.step().is_multiple_of(self.p.every) && !ctx.is_last_step() {
+        if !(ctx.step() + 1).is_multiple_of(self.p.every) && !ctx.is_last_step() {
             return Ok(Outputs::new());
         }
+        self.evaluate(inputs, ctx)
+    }
+
+    fn before_train(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        if !self.p.before_train {
+            return Ok(Outputs::skipped());
+        }
+        self.evaluate(inputs, ctx)
+    }
+}
+
+impl EvalNode {
+    /// Generates greedily for every validation prompt and records the `val/*` metrics.
+    fn evaluate(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let prompts = inputs.get_arc(PROMPTS)?;
         let params = self.p.rollout();
         let mut per_source: BTreeMap<String, SourceStats> = BTreeMap::new();
@@ -243,14 +347,44 @@ impl Node for EvalNode {
                 tool_calls += t.tool_calls;
                 tool_users += usize::from(t.tool_calls > 0);
             }
-            let scored = if ctx.has_repeat() {
-                // The reward node's own critic/score/* would overwrite the training reward's.
-                let repeat = ctx.repeat()?;
-                repeat.report_metrics(false);
-                let got = repeat.run(Outputs::new().with_opaque(ROLLOUTS, rollouts.clone()))?;
-                Some(got.get_arc(SCORES)?)
-            } else {
-                None
+            let scored = match &mut self.scorer {
+                Scorer::Rule(_) => None,
+                Scorer::Repeated => {
+                    // The reward node's own critic/score/* would overwrite the training reward's.
+                    let repeat = ctx.repeat()?;
+                    repeat.report_metrics(false);
+                    let got = repeat.run(Outputs::new().with_opaque(ROLLOUTS, rollouts.clone()))?;
+                    Some(got.get_arc(SCORES)?)
+                }
+                Scorer::Copy {
+                    name,
+                    node,
+                    resources,
+                } => {
+                    let mut inputs = Inputs::new(name.clone());
+                    inputs.insert(
+                        ROLLOUTS.name(),
+                        Value::new(ROLLOUTS.port_type(), Payload::opaque(rollouts.clone())),
+                    );
+                    let mut copy_ctx = StepContext::new(
+                        name.clone(),
+                        ctx.step(),
+                        ctx.total_steps(),
+                        ctx.seed(),
+                        ctx.device(),
+                        resources.clone(),
+                    );
+                    let got = node
+                        .run(&inputs, &mut copy_ctx)
+                        .with_context(|| format!("scoring with `{name}`"))?;
+                    for w in copy_ctx.warnings() {
+                        ctx.warn(format!("{name}: {w}"));
+                    }
+                    Some(
+                        got.get_arc(SCORES)
+                            .context("the reward copy gave no scores")?,
+                    )
+                }
             };
             if let Some(s) = &scored {
                 s.check()?;
@@ -268,9 +402,10 @@ impl Node for EvalNode {
                         s.components.get("acc").map_or(s.scores[r], |a| a[r]) as f64,
                     ),
                     None => {
-                        let s = self
-                            .reward
-                            .score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
+                        let Scorer::Rule(rule) = &self.scorer else {
+                            unreachable!("only a rule leaves the responses unscored")
+                        };
+                        let s = rule.score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
                         let acc = s
                             .components
                             .iter()

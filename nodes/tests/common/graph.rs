@@ -209,6 +209,7 @@ pub fn build(text: &str, value_head: bool) -> Built {
                 total_steps: graph.run.steps,
                 resources: resources.clone(),
                 run_dir: None,
+                graph: None,
             };
             (n.name.clone(), n.kind.build(&n.params, &ctx).unwrap())
         })

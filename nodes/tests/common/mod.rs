@@ -146,6 +146,7 @@ pub fn build_graph(
                 total_steps: graph.run.steps,
                 resources: resources.clone(),
                 run_dir: None,
+                graph: None,
             };
             (n.name.clone(), n.kind.build(&n.params, &ctx).unwrap())
         })

@@ -459,6 +459,14 @@ impl Node for DatasetNode {
         Ok(out)
     }
 
+    /// Before training only the validation prompts: the training data does not move.
+    fn before_train(&mut self, _inputs: &Inputs, _ctx: &mut StepContext) -> Result<Outputs> {
+        Ok(match &self.val {
+            Some(v) => Outputs::new().with_value(VAL_PROMPTS.name(), v),
+            None => Outputs::skipped(),
+        })
+    }
+
     fn save_state(&self) -> Result<Option<serde_json::Value>> {
         Ok(Some(serde_json::to_value(self.train.position())?))
     }
@@ -517,6 +525,7 @@ mod tests {
             total_steps: 10,
             resources: Arc::new(Resources::default()),
             run_dir: None,
+            graph: None,
         }
     }
 

@@ -219,6 +219,7 @@ pub(crate) mod test_support {
             total_steps: 1,
             resources: Arc::new(Resources::default()),
             run_dir: None,
+            graph: None,
         }
     }
 

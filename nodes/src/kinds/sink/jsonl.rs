@@ -117,6 +117,7 @@ mod tests {
             total_steps: 3,
             resources: Arc::new(Resources::default()),
             run_dir: Some(dir.path().to_path_buf()),
+            graph: None,
         };
         let params = Params::from_map(
             serde_json::json!({"path": "v.jsonl", "every": 2})
