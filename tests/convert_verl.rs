@@ -29,6 +29,8 @@ fn stderr(out: &Output) -> String {
 }
 
 /// Converts `input` into `dir/graph.toml`; returns the graph's text, parsed table and stderr.
+/// `flowrl convert verl INPUT -o DIR/graph.toml --verbose EXTRA…`: the graph's text and table,
+/// and standard error (each key not carried over, with why).
 fn convert(input: &Path, dir: &Path, extra: &[&str]) -> (String, toml::Table, String) {
     let graph = dir.join("graph.toml");
     let mut args = vec![
@@ -37,6 +39,7 @@ fn convert(input: &Path, dir: &Path, extra: &[&str]) -> (String, toml::Table, St
         input.to_str().unwrap(),
         "-o",
         graph.to_str().unwrap(),
+        "--verbose",
     ];
     args.extend_from_slice(extra);
     let out = flowrl(&args);
@@ -150,7 +153,9 @@ fn geo3k_grpo_recipe_converts_validates_and_runs() {
     );
     assert!(text.contains("actor_rollout_ref.rollout.gpu_memory_utilization = 0.6"));
     assert!(text.contains("actor_rollout_ref.actor.fsdp_config.param_offload = false"));
-    assert!(err.contains("trainer.val_before_train"), "{err}");
+    // verl's val_before_train (default true) is carried over: no warning, step 0 evaluated.
+    assert!(!err.contains("trainer.val_before_train"), "{err}");
+    assert_eq!(get(&g, "nodes.eval.before_train").as_bool(), Some(true));
 
     // The values of verl's examples/grpo_trainer/run_qwen2_5_vl-7b.sh.
     assert_eq!(
@@ -241,7 +246,9 @@ fn geo3k_grpo_recipe_converts_validates_and_runs() {
     let out = flowrl(&args);
     assert!(out.status.success(), "run failed:\n{}", stderr(&out));
     let metrics = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
-    assert_eq!(metrics.lines().count(), 2, "{metrics}");
+    // val_before_train: step 0, then the two steps.
+    assert_eq!(metrics.lines().count(), 3, "{metrics}");
+    assert!(metrics.starts_with("{\"step\":0,"), "{metrics}");
     assert!(metrics.contains("actor/kl_loss"), "{metrics}");
 }
 
@@ -390,9 +397,32 @@ fn unknown_keys_warn_and_fail_with_strict() {
     let input = tmp.path().join("overrides.txt");
     std::fs::write(
         &input,
-        "algorithm.adv_estimator=grpo\nactor_rollout_ref.rollout.temprature=0.7\n+my.recipe.key=1\n",
+        "algorithm.adv_estimator=grpo\nactor_rollout_ref.rollout.temprature=0.7\n+my.recipe.key=1\n\
+         algorithm.use_kl_in_reward=true\n",
     )
     .unwrap();
+    // Without --verbose: counted and named by section.
+    let out = flowrl(&["convert", "verl", input.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let grouped = stderr(&out);
+    assert!(
+        grouped.contains(
+            "warning: 2 unknown verl key(s), not converted (values: --verbose):\n  \
+             actor_rollout_ref.rollout: 1 (temprature (did you mean \
+             `actor_rollout_ref.rollout.temperature`?))\n  my: 1 (recipe.key)"
+        ),
+        "{grouped}"
+    );
+    assert!(
+        grouped.contains("key(s) not carried over (why: --verbose, or the graph's header):\n"),
+        "{grouped}"
+    );
+    assert!(
+        grouped.contains("\n  algorithm: 1 (use_kl_in_reward)\n"),
+        "{grouped}"
+    );
+    assert!(!grouped.contains(" = 0.7"), "{grouped}");
+
     let (text, _, err) = convert(&input, tmp.path(), &[]);
     assert!(
         err.contains("warning: unknown verl key `actor_rollout_ref.rollout.temprature` = 0.7"),
@@ -418,8 +448,11 @@ fn unknown_keys_warn_and_fail_with_strict() {
         "--strict",
     ]);
     assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
+    let err = stderr(&out);
     assert!(
-        stderr(&out).contains("error: unknown verl key `actor_rollout_ref.rollout.temprature`")
+        err.contains("error: 2 unknown verl key(s), not converted")
+            && err.contains("error: 2 unknown verl key(s) with --strict: no graph written"),
+        "{err}"
     );
     assert!(!graph.exists());
 }
@@ -750,4 +783,26 @@ fn the_walk_through_commands_run_as_written() {
             "`{command}`:\n{printed}"
         );
     }
+}
+
+/// verl's whole default configuration at the commit the converter knows (1dda039b), read as
+/// the composed configuration of a run that changed nothing: every key is known.
+#[test]
+fn a_current_verl_configuration_has_no_unknown_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("config.yaml");
+    std::fs::copy(root().join("src/convert/verl_defaults.yaml"), &config).unwrap();
+    let graph = tmp.path().join("graph.toml");
+    let out = flowrl(&[
+        "convert",
+        "verl",
+        config.to_str().unwrap(),
+        "-o",
+        graph.to_str().unwrap(),
+        "--strict",
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(", 0 unknown"), "{err}");
+    assert!(!err.contains("unknown verl key"), "{err}");
 }

@@ -22,7 +22,8 @@ use yaml_rust2::{Yaml, YamlLoader};
 use super::shell::{ShellEnv, override_words};
 
 /// verl's default configuration (verl/trainer/config/_generated_ppo_trainer.yaml at
-/// volcengine/verl b178a3cd56f58b2d502255daba591e92833930a7).
+/// verl-project/verl, formerly volcengine/verl, 1dda039b9c6311889a9c9a26040677e1254814f9 of
+/// 2026-08-22: verl 0.10.0.dev, after v0.9.0).
 const VERL_DEFAULTS: &str = include_str!("verl_defaults.yaml");
 
 /// One configuration value, as OmegaConf holds it.

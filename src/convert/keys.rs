@@ -27,6 +27,8 @@ pub struct Rule {
 const ENGINE: &str = "engine choice (verl's FSDP / vLLM / Ray machinery): flowrl runs its own";
 const PROFILER: &str = "profiling";
 const MEMORY: &str = "memory / speed choice of verl's workers; results do not depend on it";
+const QAT: &str =
+    "quantization-aware training (NVFP4 fake-quantized weights in the forward) is not supported";
 
 macro_rules! rules {
     ($($pattern:literal => $class:expr,)*) => {
@@ -46,6 +48,7 @@ rules! {
     "data.prompt_key" => Mapped("nodes.data.prompt_key"),
     "data.image_key" => Mapped("nodes.data.image_key"),
     "data.video_key" => NoEffect("flowrl reads images only; the video column is not read"),
+    "data.audio_key" => NoEffect("flowrl reads images only; the audio column is not read"),
     "data.max_prompt_length" => Mapped("nodes.data.max_prompt_length"),
     "data.max_response_length" => Mapped("nodes.rollout.max_new_tokens, nodes.eval.max_new_tokens"),
     "data.train_batch_size" => Mapped("nodes.data.batch_size (prompts; with filter_groups nodes.filter.batch_size)"),
@@ -63,6 +66,7 @@ rules! {
     "data.tokenizer" => Only("null", "the prompts are encoded with the policy's own tokenizer"),
     "data.use_shm" => NoEffect(ENGINE),
     "data.tool_config_path" => NoEffect("the dataset's copy of rollout.multi_turn.tool_config_path, which the rollout node's tools come from"),
+    "data.function_tool_path" => NoEffect("the dataset's copy of rollout.multi_turn.function_tool_path"),
     "data.return_raw_input_ids|return_raw_chat|return_full_prompt|return_multi_modal_inputs" => NoEffect("what verl's dataset hands its workers"),
     "data.dataloader_num_workers" => NoEffect(ENGINE),
     "data.validation_shuffle" => NoEffect("the order of the validation prompts does not change their scores"),
@@ -74,6 +78,8 @@ rules! {
     "data.datagen.path" => Only("null", "a data generator (Python) is not supported"),
     "data.datagen.name" => NoEffect("only read with data.datagen.path"),
     "data.apply_chat_template_kwargs" => Only("{}", "the chat template is rendered with its defaults"),
+    "data.mm_processor_kwargs.**" => Only("{}", "the image processor runs with its defaults"),
+    "data.continuous_token.**" => NoEffect("how verl's agent loop tokenizes multi-turn conversations (verl 0.9; its only way since): flowrl keeps the policy's tokens as sampled"),
 
     // rollout
     "actor_rollout_ref.rollout.n" => Mapped("nodes.rollout.n"),
@@ -93,6 +99,8 @@ rules! {
     "actor_rollout_ref.rollout.over_sample_rate" => Only("0", "every sampled response is kept"),
     "actor_rollout_ref.rollout.skip_rollout" => Only("false", "responses are always sampled"),
     "actor_rollout_ref.rollout.skip_dump_dir" => NoEffect("only read with rollout.skip_rollout"),
+    "actor_rollout_ref.rollout.skip.enable" => Only("false", "responses are always sampled (verl's rollout skip reuses dumped rollouts)"),
+    "actor_rollout_ref.rollout.skip.**" => NoEffect("only read with rollout.skip.enable"),
     "actor_rollout_ref.rollout.multi_turn.enable" => Mapped("nodes.rollout.kind = \"rollout.multi_turn\" (and the eval node's turns and tools)"),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns" => Mapped("nodes.rollout.max_turns (null: flowrl's default, 4)"),
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls" => Mapped("nodes.rollout.max_parallel_calls"),
@@ -104,6 +112,7 @@ rules! {
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template" => Only("false", "the conversation is rendered by the model's chat template as it is"),
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode" => NoEffect("flowrl keeps the policy's tokens as sampled and checks every trajectory against the chat template at every step"),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts" => Only("null", "interactions are not supported"),
+    "actor_rollout_ref.rollout.multi_turn.function_tool_path" => Only("null", "Python function tools (`@function_tool`) are not supported"),
     "actor_rollout_ref.rollout.multi_turn.**" => NoEffect("only read with rollout.multi_turn.enable"),
     "actor_rollout_ref.rollout.calculate_log_probs" => NoEffect("the rollout's own log-probs are always kept; verl only logs them"),
     "actor_rollout_ref.rollout.quantization" => Only("null", "quantized rollouts are not supported"),
@@ -115,6 +124,12 @@ rules! {
     "actor_rollout_ref.rollout.checkpoint_engine.**" => NoEffect(ENGINE),
     "actor_rollout_ref.rollout.trace.**" => NoEffect(ENGINE),
     "actor_rollout_ref.rollout.prometheus.**" => NoEffect(ENGINE),
+    "actor_rollout_ref.rollout.nnodes|n_gpus_per_node|full_determinism" => NoEffect(ENGINE),
+    "actor_rollout_ref.rollout.disaggregation.**" => NoEffect(ENGINE),
+    "actor_rollout_ref.rollout.seed" => NoEffect("vLLM's sampling seed: another seed draws other samples, not another run (flowrl's seed is run.seed)"),
+    "actor_rollout_ref.rollout.moe_load_balance_metrics_interval" => NoEffect("logging of MoE load-balance metrics"),
+    "actor_rollout_ref.rollout.mtp.**" => NoEffect("verl's copy of model.mtp for its rollout server"),
+    "actor_rollout_ref.rollout.qat.**" => NoEffect("verl's copy of actor.fsdp_config.qat for its rollout server"),
 
     // reference policy
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" => Mapped("nodes.ref.micro_batch_size"),
@@ -139,6 +154,9 @@ rules! {
     "actor_rollout_ref.actor.optim.optimizer_impl" => Only("torch.optim", "flowrl's AdamW is torch's algorithm"),
     "actor_rollout_ref.actor.optim.override_optimizer_config" => Only("null", "extra optimizer arguments are not supported"),
     "actor_rollout_ref.actor.optim.total_training_steps" => NoEffect("filled in by verl's trainer from the run's steps"),
+    "actor_rollout_ref.actor.optim.zero_indexed_step" => Only("true", "the learning-rate schedule counts steps from 0"),
+    "actor_rollout_ref.actor.fsdp_config.qat.enable" => Only("false", QAT),
+    "actor_rollout_ref.actor.fsdp_config.qat.**" => NoEffect("only read with actor.fsdp_config.qat.enable"),
     "actor_rollout_ref.actor.fsdp_config.**" => NoEffect(ENGINE),
     "actor_rollout_ref.actor.profiler.**" => NoEffect(PROFILER),
     "actor_rollout_ref.actor.checkpoint.**" => NoEffect("checkpoints always hold the model, its optimizer state and the run state"),
@@ -173,6 +191,8 @@ rules! {
     "actor_rollout_ref.actor.router_replay.**" => NoEffect("only read with router_replay.mode"),
     "actor_rollout_ref.actor.use_prefix_grouper|use_torch_compile|use_fused_kernels|ulysses_sequence_parallel_size|entropy_from_logits_with_chunking|entropy_checkpointing|sum_pi_squared_checkpointing" => NoEffect(MEMORY),
     "actor_rollout_ref.actor.use_remove_padding" => Mapped("nodes.update.padding_free, nodes.old.padding_free, nodes.ref.padding_free"),
+    "actor_rollout_ref.actor.entropy_from_logits_chunk_size|pad_to_length" => NoEffect(MEMORY),
+    "actor_rollout_ref.actor.qat.**" => NoEffect("the actor's own QAT block, which verl's workers do not read: QAT is actor.fsdp_config.qat.enable"),
 
     // model
     "actor_rollout_ref.model.path" => Mapped("models.policy.path"),
@@ -193,6 +213,9 @@ rules! {
     "actor_rollout_ref.model.use_remove_padding" => Mapped("through actor.use_remove_padding (its default)"),
     "actor_rollout_ref.model.fused_kernel_options.**" => NoEffect(MEMORY),
     "actor_rollout_ref.model.tiled_mlp.**" => NoEffect(MEMORY),
+    "actor_rollout_ref.model.lora.rank" => Only("0", "verl's Megatron LoRA block (model.lora) is not carried over; a LoRA policy comes from model.lora_rank"),
+    "actor_rollout_ref.model.lora.merge" => NoEffect(ENGINE),
+    "actor_rollout_ref.model.lora.**" => NoEffect("only read with model.lora.rank > 0 (verl's Megatron LoRA)"),
     "actor_rollout_ref.hybrid_engine|nccl_timeout" => NoEffect(ENGINE),
 
     // critic
@@ -209,6 +232,7 @@ rules! {
     "critic.optim.optimizer_impl" => Only("torch.optim", "flowrl's AdamW is torch's algorithm"),
     "critic.optim.override_optimizer_config" => Only("null", "extra optimizer arguments are not supported"),
     "critic.optim.total_training_steps" => NoEffect("filled in by verl's trainer from the run's steps"),
+    "critic.optim.zero_indexed_step" => Only("true", "the learning-rate schedule counts steps from 0"),
     "critic.model.path" => Mapped("models.critic.path (with value_head = true)"),
     "critic.model.lora_rank" => Only("0", "a LoRA critic is not supported yet"),
     "critic.model.lora_alpha|target_modules" => NoEffect("only read with critic.model.lora_rank > 0"),
@@ -220,6 +244,17 @@ rules! {
     "critic.model.enable_gradient_checkpointing" => Mapped("nodes.critic.gradient_checkpointing"),
     "critic.model.use_remove_padding" => Mapped("nodes.critic.padding_free, nodes.values.padding_free"),
     "critic.model.tiled_mlp.**" => NoEffect(MEMORY),
+    "critic.model.hf_config_path" => Only("null", "config.json is read from the model directory"),
+    "critic.model.custom_chat_template" => NoEffect("the critic scores the policy's tokens"),
+    "critic.model.exclude_modules|lora_adapter_path" => NoEffect("only read with critic.model.lora_rank > 0"),
+    "critic.model.use_liger|use_fused_kernels" => NoEffect(MEMORY),
+    "critic.model.fused_kernel_options.**" => NoEffect(MEMORY),
+    "critic.model.lora.rank" => Only("0", "a LoRA critic is not supported yet"),
+    "critic.model.lora.**" => NoEffect("only read with critic.model.lora.rank > 0 (verl's Megatron LoRA)"),
+    "critic.model.mtp.enable" => Only("false", "multi-token prediction is not supported"),
+    "critic.model.mtp.**" => NoEffect("only read with critic.model.mtp.enable"),
+    "critic.fsdp.qat.enable" => Only("false", QAT),
+    "critic.fsdp.**" => NoEffect(ENGINE),
     "critic.rollout_n" => NoEffect("a copy of rollout.n"),
     "critic.strategy|ulysses_sequence_parallel_size" => NoEffect(ENGINE),
     "critic.enable" => NoEffect("the critic is used when adv_estimator = gae, as verl decides with enable = null"),
@@ -234,12 +269,13 @@ rules! {
     "critic.data_loader_seed" => NoEffect("only read with critic.shuffle"),
     "critic.cliprange_value" => Mapped("nodes.critic.cliprange_value"),
     "critic.loss_agg_mode" => Mapped("nodes.critic.loss_agg_mode"),
+    "critic.loss_scale_factor" => Only("null", "the loss is normalised by the mini-batch as verl does by default"),
     "critic.grad_clip" => Mapped("nodes.critic.grad_clip"),
     "critic.checkpoint.**" => NoEffect("checkpoints always hold the model, its optimizer state and the run state"),
     "critic.profiler.**" => NoEffect(PROFILER),
 
     // reward
-    "reward_model.enable" => Only("false", "a learned reward model is not supported yet: rewards are rule-based"),
+    "reward_model.enable" => Only("false|null", "a learned reward model is not supported yet: rewards are rule-based"),
     "reward_model.reward_manager" => Mapped("the reward nodes: naive → the data source's scorer; dapo → the same plus reward.overlong"),
     "reward_model.overlong_buffer.enable" => Mapped("nodes.overlong (reward.overlong)"),
     "reward_model.overlong_buffer.len" => Mapped("nodes.overlong.len"),
@@ -257,6 +293,8 @@ rules! {
     "reward_manager.module.name" => NoEffect("only read with reward_manager.module.path"),
     "custom_reward_function.path" => Only("null", "a Python reward function: run it as an `exec` node (docs/exec-protocol.md)"),
     "custom_reward_function.name" => NoEffect("only read with custom_reward_function.path"),
+    "sandbox_fusion.url" => Only("null", "sandboxed code-execution rewards are not supported"),
+    "sandbox_fusion.**" => NoEffect("only read with sandbox_fusion.url"),
     // verl's newer layout of the same reward settings
     "reward.reward_manager.name" => Mapped("the reward nodes (as reward_model.reward_manager)"),
     "reward.reward_kwargs.overlong_buffer_cfg.enable" => Mapped("nodes.overlong (reward.overlong)"),
@@ -264,6 +302,16 @@ rules! {
     "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor" => Mapped("nodes.overlong.penalty_factor"),
     "reward.reward_kwargs.overlong_buffer_cfg.log" => NoEffect("logging of the penalty"),
     "reward.reward_kwargs.max_resp_len" => Mapped("nodes.overlong.max_response_length"),
+    "reward.reward_manager.source" => NoEffect(ENGINE),
+    "reward.reward_manager.module.path" => Only("null", "a custom reward manager (Python) is not supported"),
+    "reward.reward_manager.module.name" => NoEffect("only read with reward.reward_manager.module.path"),
+    "reward.custom_reward_function.path" => Only("null", "a Python reward function: run it as an `exec` node (docs/exec-protocol.md)"),
+    "reward.custom_reward_function.name" => NoEffect("only read with reward.custom_reward_function.path"),
+    "reward.reward_model.enable" => Only("false", "a learned reward model is not supported yet: rewards are rule-based"),
+    "reward.reward_model.**" => NoEffect("only read with reward.reward_model.enable"),
+    "reward.sandbox_fusion.url" => Only("null", "sandboxed code-execution rewards are not supported"),
+    "reward.sandbox_fusion.**" => NoEffect("only read with reward.sandbox_fusion.url"),
+    "reward.num_workers" => NoEffect(ENGINE),
 
     // algorithm
     "algorithm.adv_estimator" => Mapped("nodes.advantage.kind (advantage.<estimator>)"),
@@ -281,7 +329,12 @@ rules! {
     "algorithm.filter_groups.enable" => Mapped("nodes.filter (filter.groups, repeat = data, rollout, reward)"),
     "algorithm.filter_groups.metric" => Mapped("nodes.filter.metric"),
     "algorithm.filter_groups.max_num_gen_batches" => Mapped("nodes.filter.max_num_gen_batches"),
+    "algorithm.filter_groups.max_inflight_gen_batches" => NoEffect("how many generation batches verl's V1 trainer keeps in flight while it filters groups (scheduling)"),
     "algorithm.gdpo_reward_keys|gdpo_reward_weights" => Mapped("nodes.advantage.<same name> (gdpo)"),
+
+    // distillation
+    "distillation.enabled" => Only("false", "on-policy distillation from teacher models is not supported"),
+    "distillation.**" => NoEffect("only read with distillation.enabled"),
 
     // trainer
     "trainer.total_epochs" => Mapped("run.steps (epochs × training rows ÷ prompts per batch)"),
@@ -299,11 +352,23 @@ rules! {
     "trainer.max_critic_ckpt_to_keep" => NoEffect("the critic is checkpointed with the actor"),
     "trainer.test_freq" => Mapped("nodes.eval.every (no eval node when <= 0)"),
     "trainer.critic_warmup" => Mapped("nodes.update.critic_warmup"),
-    "trainer.val_before_train" => Only("false", "the eval node evaluates every test_freq steps and after the last step, not before the first"),
+    "trainer.val_before_train" => Mapped("nodes.eval.before_train"),
     "trainer.val_only" => Only("false", "a graph trains; evaluate a checkpoint with a graph of data and eval nodes"),
     "trainer.resume_mode|resume_from_path|del_local_ckpt_after_load" => NoEffect("resuming is `flowrl run --resume DIR`"),
     "trainer.balance_batch" => NoEffect("balances sequence lengths across verl's GPUs; the gradient is the same"),
     "trainer.esi_redundant_time|default_hdfs_dir|ray_wait_register_center_timeout|use_legacy_worker_impl" => NoEffect(ENGINE),
+    "trainer.use_v1" => NoEffect("which of verl's trainers runs the loop (V1 or the legacy ray_trainer)"),
+    "trainer.v1.trainer_mode" => Only("sync", "flowrl trains on-policy, one step after the other: verl's async modes train on rollouts of older policies"),
+    "trainer.v1.sync.**" => Only("{}", "verl's sync trainer with its defaults (it has no options)"),
+    "trainer.v1.colocate_async.**" => NoEffect("only read with trainer.v1.trainer_mode = colocate_async"),
+    "trainer.v1.separate_async.**" => NoEffect("only read with trainer.v1.trainer_mode = separate_async"),
+    "trainer.v1.sampler.max_off_policy_threshold|max_off_policy_strategy" => NoEffect("only read by verl's async trainers (sync sampling is on-policy)"),
+    "trainer.v1.sampler.sync_refill_failed_groups" => NoEffect("refills groups whose rollouts failed in verl's agent loop (an engine error, not a result)"),
+    "trainer.v1.sampler.custom_sampler.path" => Only("null", "a custom replay-buffer sampler (Python) is not supported"),
+    "trainer.v1.sampler.custom_sampler.name" => NoEffect("only read with custom_sampler.path"),
+    "trainer.v1.sampler.sampler_kwargs.**" => NoEffect("only read by a custom sampler (custom_sampler.path)"),
+    "skip.rollout|rollout_tq|async_rollout.enable" => Only("false", "responses are always sampled (verl's rollout skip dumps rollouts and replays them in later runs)"),
+    "skip.**" => NoEffect("only read with skip.rollout / rollout_tq / async_rollout.enable"),
     "global_profiler.**" => NoEffect(PROFILER),
     "transfer_queue.**" => NoEffect(ENGINE),
     "ray_kwargs.**" => NoEffect(ENGINE),

@@ -66,6 +66,10 @@ pub struct VerlArgs {
     /// Fail (exit code 78) on a key the converter does not know, instead of warning.
     #[arg(long)]
     pub strict: bool,
+    /// Each key not carried over with its value and why, each unknown key with its value
+    /// (default: counted and named by section).
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
 }
 
 /// EX_CONFIG, as for a graph's configuration errors.
@@ -91,37 +95,64 @@ fn verl(args: &VerlArgs) -> ExitCode {
     }
     let registry = flowrl_nodes::builtin_registry();
     let conv = mapping::convert(&cfg, &registry);
-    let (mut no_effect, mut not_carried, mut unknown) = (0, 0, 0);
+    let level = if args.strict { "error" } else { "warning" };
+    let mut no_effect = 0;
+    let (mut not_carried, mut unknown) = (Vec::new(), Vec::new());
     for note in &conv.notes {
         match &note.kind {
             NoteKind::NoEffect(_) => no_effect += 1,
-            NoteKind::NotCarried(why) => {
-                not_carried += 1;
-                eprintln!(
-                    "warning: verl key `{}` = {} is not carried over: {why}",
-                    note.key, note.value
-                );
-            }
-            NoteKind::Unknown => {
-                unknown += 1;
-                let level = if args.strict { "error" } else { "warning" };
-                let hint = did_you_mean(&note.key, &cfg)
-                    .map(|k| format!(" (did you mean `{k}`?)"))
-                    .unwrap_or_default();
-                if note.value.is_empty() {
-                    eprintln!(
-                        "{level}: `{}` is not a verl override (key=value){hint}",
-                        note.key
-                    );
-                } else {
-                    eprintln!(
-                        "{level}: unknown verl key `{}` = {}: not converted{hint}",
-                        note.key, note.value
-                    );
-                }
-            }
+            NoteKind::NotCarried(why) => not_carried.push((note, why.as_str())),
+            // A word that is no override at all is named on its own line.
+            NoteKind::Unknown if note.value.is_empty() => eprintln!(
+                "{level}: `{}` is not a verl override (key=value){}",
+                note.key,
+                hint(did_you_mean(&note.key, &cfg))
+            ),
+            NoteKind::Unknown => unknown.push(note),
         }
     }
+    if args.verbose {
+        for (note, why) in &not_carried {
+            eprintln!(
+                "warning: verl key `{}` = {} is not carried over: {why}",
+                note.key, note.value
+            );
+        }
+        for note in &unknown {
+            eprintln!(
+                "{level}: unknown verl key `{}` = {}: not converted{}",
+                note.key,
+                note.value,
+                hint(did_you_mean(&note.key, &cfg))
+            );
+        }
+    } else {
+        let keys: Vec<(&str, String)> = not_carried
+            .iter()
+            .map(|(n, _)| (n.key.as_str(), String::new()))
+            .collect();
+        if !keys.is_empty() {
+            eprintln!(
+                "warning: {} verl key(s) not carried over (why: --verbose, or the graph's \
+                 header):\n{}",
+                keys.len(),
+                by_section(&keys)
+            );
+        }
+        let keys: Vec<(&str, String)> = unknown
+            .iter()
+            .map(|n| (n.key.as_str(), hint(did_you_mean(&n.key, &cfg))))
+            .collect();
+        if !keys.is_empty() {
+            eprintln!(
+                "{level}: {} unknown verl key(s), not converted (values: --verbose):\n{}",
+                keys.len(),
+                by_section(&keys)
+            );
+        }
+    }
+    let unknown = unknown.len();
+    let not_carried = not_carried.len();
     if args.strict && unknown > 0 {
         eprintln!("error: {unknown} unknown verl key(s) with --strict: no graph written");
         return ExitCode::from(EXIT_CONFIG);
@@ -142,6 +173,48 @@ fn verl(args: &VerlArgs) -> ExitCode {
         None => print!("{text}"),
     }
     ExitCode::SUCCESS
+}
+
+/// ` (did you mean `k`?)`, or nothing.
+fn hint(known: Option<String>) -> String {
+    known
+        .map(|k| format!(" (did you mean `{k}`?)"))
+        .unwrap_or_default()
+}
+
+/// The section of a verl key: `actor_rollout_ref.<role>` for the actor/rollout/ref tree, its
+/// first segment otherwise.
+fn section(key: &str) -> &str {
+    let depth = if key.starts_with("actor_rollout_ref.") {
+        2
+    } else {
+        1
+    };
+    match key.match_indices('.').nth(depth - 1) {
+        Some((i, _)) => &key[..i],
+        None => key,
+    }
+}
+
+/// `  <section>: <count> (<key within it><suffix>, ...)`, a line per section, both sorted.
+fn by_section(keys: &[(&str, String)]) -> String {
+    let mut sections: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (key, suffix) in keys {
+        let s = section(key);
+        let rest = key.strip_prefix(s).and_then(|r| r.strip_prefix('.'));
+        sections
+            .entry(s)
+            .or_default()
+            .push(format!("{}{suffix}", rest.unwrap_or(key)));
+    }
+    sections
+        .iter_mut()
+        .map(|(s, keys)| {
+            keys.sort();
+            format!("  {s}: {} ({})", keys.len(), keys.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The known key closest to an unknown one (edit distance at most 3).

@@ -10,11 +10,7 @@ use super::{Plan, Section, Wiring};
 /// The overlong buffer's key prefix when the shaping node is to be written; notes a reward
 /// manager flowrl does not have, and an overlong buffer that verl would not apply.
 pub(super) fn overlong_prefix(m: &mut Mapper) -> Option<&'static str> {
-    let manager = m
-        .text("reward.reward_manager.name")
-        .or_else(|| m.text("reward_manager.name"))
-        .or_else(|| m.text("reward_model.reward_manager"))
-        .unwrap_or_else(|| "naive".into());
+    let manager = manager_name(m);
     let overlong_on = m.flag("reward_model.overlong_buffer.enable")
         || m.flag("reward.reward_kwargs.overlong_buffer_cfg.enable");
     let prefix = if m.flag("reward.reward_kwargs.overlong_buffer_cfg.enable") {
@@ -36,6 +32,24 @@ pub(super) fn overlong_prefix(m: &mut Mapper) -> Option<&'static str> {
         );
     }
     overlong.then_some(prefix)
+}
+
+/// The reward manager's name, under verl's three names for it: `reward.reward_manager.name`
+/// (the newest), `reward_manager.name`, `reward_model.reward_manager` (the oldest). verl's
+/// defaults now hold `reward.reward_manager.name = naive` and a null `reward_model.reward_manager`
+/// (which verl's `migrate_legacy_reward_impl` copies over when set), so the name the input chose
+/// wins, in that order; else the first that has a value.
+fn manager_name(m: &Mapper) -> String {
+    let keys = [
+        "reward.reward_manager.name",
+        "reward_manager.name",
+        "reward_model.reward_manager",
+    ];
+    keys.iter()
+        .filter(|key| m.cfg.set.contains(**key))
+        .find_map(|key| m.text(key))
+        .or_else(|| keys.iter().find_map(|key| m.text(key)))
+        .unwrap_or_else(|| "naive".into())
 }
 
 /// The reward kind for verl's default scorer of the data, judged from the training files'

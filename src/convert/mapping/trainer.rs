@@ -162,7 +162,8 @@ pub(super) fn models(m: &mut Mapper, p: &Plan) {
     }
 }
 
-/// `[nodes.eval]`: greedy validation every `trainer.test_freq` steps on the first val file.
+/// `[nodes.eval]`: greedy validation after every `trainer.test_freq`-th step (and before the
+/// first with `trainer.val_before_train`) on the first val file.
 pub(super) fn eval(m: &mut Mapper, p: &Plan) {
     let test_freq = m.int("trainer.test_freq").unwrap_or(-1);
     if test_freq > 0 && !p.val_files.is_empty() {
@@ -170,6 +171,11 @@ pub(super) fn eval(m: &mut Mapper, p: &Plan) {
         e.set("model", t_str("policy"), "");
         e.inputs(&[("prompts", "data.val_prompts"), ("after", "update.done")]);
         e.set("every", test_freq.to_string(), "trainer.test_freq");
+        e.set(
+            "before_train",
+            m.flag("trainer.val_before_train").to_string(),
+            "trainer.val_before_train",
+        );
         e.set(
             "max_new_tokens",
             p.response_length.to_string(),
