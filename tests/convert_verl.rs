@@ -153,6 +153,13 @@ fn geo3k_grpo_recipe_converts_validates_and_runs() {
     );
     assert!(text.contains("actor_rollout_ref.rollout.gpu_memory_utilization = 0.6"));
     assert!(text.contains("actor_rollout_ref.actor.fsdp_config.param_offload = false"));
+    // trainer.logger = [console, wandb]: TensorBoard files, which W&B imports.
+    assert_eq!(
+        get(&g, "run.tracking").as_array().map(|a| a.len()),
+        Some(2),
+        "{text}"
+    );
+    assert!(text.contains("wandb sync --sync-tensorboard"), "{text}");
     // verl's val_before_train (default true) is carried over: no warning, step 0 evaluated.
     assert!(!err.contains("trainer.val_before_train"), "{err}");
     assert_eq!(get(&g, "nodes.eval.before_train").as_bool(), Some(true));

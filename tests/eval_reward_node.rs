@@ -163,3 +163,19 @@ fn eval_scored_by_a_reward_node_matches_its_builtin_rule() {
     }
     assert!(b["timing_s/eval"].as_f64().unwrap() > 0.0);
 }
+
+/// DAPO's graph repeats the dataset inside its filter and shapes the reward with `overlong`:
+/// the evaluation before training still gets the validation prompts, and scores through the
+/// shaping node too (its component is in the validation metrics).
+#[test]
+fn eval_of_the_dapo_graph_runs_before_training_and_scores_through_its_shaping() {
+    let graph = read("graphs/dapo_vlm.toml");
+    let lines = run_lines(&graph, &["--steps", "1"]);
+    let before = &lines[0];
+    assert_eq!(before["step"], 0, "{before}");
+    assert!(
+        before["val-aux/flowrl/shapes/overlong/mean@1"].is_number(),
+        "{before}"
+    );
+    assert_eq!(evaluated(&lines), [0, 1]);
+}

@@ -68,7 +68,7 @@ pub enum Command {
     Graph(GraphArgs),
     /// List the node kinds (and resource kinds), or describe one: ports, parameters, defaults.
     Nodes(NodesArgs),
-    /// Draw the main curves of a run (metrics.jsonl) into an SVG file.
+    /// Draw the main curves of one run or several (overlaid) into an SVG file.
     Plot(PlotArgs),
     /// Predict a graph's memory per device, host and process, and its time per step, before
     /// anything loads.
@@ -221,12 +221,23 @@ pub struct NodesArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "Examples:\n  flowrl plot runs/try\n  flowrl plot runs/try --smooth 0.6\n  flowrl plot runs/a runs/b ~/verl/logs/grpo/qwen.jsonl -o compare.svg"
+)]
 pub struct PlotArgs {
-    /// A run directory (holding metrics.jsonl).
-    pub run_dir: PathBuf,
-    /// Output file (default: RUN_DIR/plots.svg).
+    /// Runs to draw, overlaid: run directories, or metrics files (flowrl's metrics.jsonl, or the
+    /// JSON lines of verl's `trainer.logger=['file']`).
+    #[arg(required = true, value_name = "RUN")]
+    pub runs: Vec<PathBuf>,
+    /// Output file (default with one run: RUN_DIR/plots.svg, or FILE's name with .svg for a
+    /// metrics file named otherwise; required with several runs).
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// Draw dense training curves as exponential moving averages with this weight (0 ≤ W < 1,
+    /// as TensorBoard's smoothing), the values faint behind; validation and other sparse series
+    /// are never smoothed.
+    #[arg(long, value_name = "W", default_value_t = 0.0)]
+    pub smooth: f64,
 }
 
 /// A standalone CLI with only the engine's commands.
@@ -252,10 +263,13 @@ pub fn execute(cmd: &Command, registry: &Registry) -> ExitCode {
         Command::Plan(a) => cmd_plan(a, registry),
         Command::Graph(a) => cmd_graph(a, registry),
         Command::Nodes(a) => cmd_nodes(a, registry),
-        Command::Plot(a) => crate::plot::plot_run(&a.run_dir, a.output.as_deref()).map(|p| {
-            println!("wrote {}", p.display());
-            ExitCode::SUCCESS
-        }),
+        Command::Plot(a) => {
+            let options = crate::plot::PlotOptions { smooth: a.smooth };
+            crate::plot::plot_runs(&a.runs, a.output.as_deref(), &options).map(|p| {
+                println!("wrote {}", p.display());
+                ExitCode::SUCCESS
+            })
+        }
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");

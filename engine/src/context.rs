@@ -88,6 +88,21 @@ impl BuildContext {
     }
 }
 
+/// A text or a picture a node logs for the run's trackers (TensorBoard), beside its metrics.
+#[derive(Clone, Debug)]
+pub enum Media {
+    /// Markdown.
+    Text { tag: String, markdown: String },
+    /// A PNG file's bytes, its size and channels (3: RGB).
+    Image {
+        tag: String,
+        png: Vec<u8>,
+        width: u32,
+        height: u32,
+        channels: u32,
+    },
+}
+
 /// Given to [`crate::Node::run`] for one step.
 pub struct StepContext {
     pub(crate) node: String,
@@ -104,6 +119,9 @@ pub struct StepContext {
     pub(crate) repeat: Option<crate::repeat::Repeat>,
     /// Running in the pass before the first step ([`crate::Node::before_train`]).
     pub(crate) before_train: bool,
+    /// Whether a tracker takes [`Media`] this run.
+    pub(crate) wants_media: bool,
+    pub(crate) media: Vec<Media>,
 }
 
 impl StepContext {
@@ -129,6 +147,8 @@ impl StepContext {
             warnings: Vec::new(),
             repeat: None,
             before_train: false,
+            wants_media: false,
+            media: Vec::new(),
         }
     }
 
@@ -192,6 +212,35 @@ impl StepContext {
     /// Records a metric for this step (use verl's names: `actor/pg_loss`, `critic/score/mean`, ...).
     pub fn metric(&mut self, name: impl Into<String>, value: f64) {
         self.metrics.push((name.into(), value));
+    }
+
+    /// Whether the run has a tracker for texts and pictures (`[run] tracking` with
+    /// `tensorboard`): a node can skip building them otherwise.
+    pub fn wants_media(&self) -> bool {
+        self.wants_media
+    }
+
+    /// Logs markdown for the trackers at this step (nothing without one).
+    pub fn log_text(&mut self, tag: impl Into<String>, markdown: impl Into<String>) {
+        if self.wants_media {
+            self.media.push(Media::Text {
+                tag: tag.into(),
+                markdown: markdown.into(),
+            });
+        }
+    }
+
+    /// Logs a PNG picture (RGB) for the trackers at this step (nothing without one).
+    pub fn log_image(&mut self, tag: impl Into<String>, png: Vec<u8>, width: u32, height: u32) {
+        if self.wants_media {
+            self.media.push(Media::Image {
+                tag: tag.into(),
+                png,
+                width,
+                height,
+                channels: 3,
+            });
+        }
     }
 
     /// Logs a warning (shown on the console and kept in the run log).

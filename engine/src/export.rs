@@ -416,7 +416,19 @@ pub fn to_html(graph: &Graph) -> String {
     svg.push_str("</svg>\n");
 
     let mut html = String::new();
-    html.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>flowrl graph</title>\n<style>\nbody{font-family:Helvetica,Arial,sans-serif;margin:24px;color:#123}\ntable{border-collapse:collapse;margin:8px 0 20px}\ntd,th{border:1px solid #ccd;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}\nth{background:#eef3fb}\ncode{font-size:12px}\n.graph{overflow:auto;border:1px solid #ccd;padding:8px}\n</style>\n</head>\n<body>\n");
+    // The page is titled with the graph file's name (the first source is the graph file).
+    let title = graph
+        .sources
+        .sources
+        .first()
+        .and_then(|s| std::path::Path::new(&s.name).file_name())
+        .map_or_else(
+            || "flowrl graph".to_string(),
+            |n| n.to_string_lossy().to_string(),
+        );
+    html.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    let _ = writeln!(html, "<title>{}</title>", esc(&title));
+    html.push_str("<style>\nbody{font-family:Helvetica,Arial,sans-serif;margin:24px;color:#123}\ntable{border-collapse:collapse;margin:8px 0 20px}\ntd,th{border:1px solid #ccd;padding:4px 8px;text-align:left;vertical-align:top;font-size:13px}\nth{background:#eef3fb}\ncode{font-size:12px}\n.graph{overflow:auto;border:1px solid #ccd;padding:8px}\n</style>\n</head>\n<body>\n");
     let _ = writeln!(
         html,
         "<h1>flowrl graph</h1>\n<p>{} nodes, {} resources; {} steps, seed {}, devices <code>{}</code>.</p>",

@@ -111,6 +111,20 @@ pub struct RunConfig {
     pub workers: u64,
     /// Draw plots of the main curves at the end of the run.
     pub plot: bool,
+    /// Where the metrics go besides `metrics.jsonl` (always written): `tensorboard`.
+    #[serde(default = "default_tracking")]
+    pub tracking: Vec<String>,
+}
+
+fn default_tracking() -> Vec<String> {
+    vec!["jsonl".into()]
+}
+
+impl RunConfig {
+    /// Whether the run writes TensorBoard event files (`tracking` has `tensorboard`).
+    pub fn tensorboard(&self) -> bool {
+        self.tracking.iter().any(|t| t == "tensorboard")
+    }
 }
 
 /// A checked graph, ready to build and run.

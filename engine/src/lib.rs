@@ -28,10 +28,11 @@ pub mod rundir;
 pub mod scheduler;
 pub mod session;
 pub mod spec;
+pub mod tensorboard;
 pub mod value;
 
 pub use compile::{Failure, Override, compile};
-pub use context::{BuildContext, StepContext, derive_seed};
+pub use context::{BuildContext, Media, StepContext, derive_seed};
 pub use device::{DeviceRequest, DeviceSpec};
 pub use diagnostic::{Code, Diagnostic, Severity, Span};
 pub use flowrl_derive::{ParamChoice, Params};

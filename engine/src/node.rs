@@ -179,6 +179,12 @@ pub trait Node: Send {
         let _ = (inputs, ctx);
         Ok(Outputs::skipped())
     }
+    /// Whether [`Node::before_train`] does something. A loop node that does runs its `repeat`
+    /// nodes in the pass as in a step; the members of a loop node that does not are run by the
+    /// pass directly (DAPO's filter repeats the dataset, whose validation prompts the pass needs).
+    fn runs_before_train(&self) -> bool {
+        false
+    }
     /// Small state to keep in checkpoints (data position, counters). Large binary state belongs in
     /// a resource, whose kind saves files.
     fn save_state(&self) -> anyhow::Result<Option<serde_json::Value>> {

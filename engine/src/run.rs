@@ -18,8 +18,10 @@ use crate::placement::Cluster;
 use crate::plan::{DeviceProbe, Plan};
 use crate::progress::{Progress, ProgressMode};
 use crate::rundir::{RUN_FILE, RunDir, write_atomic};
-use crate::session::Session;
+use crate::session::{Session, StepReport};
+use crate::tensorboard::EventWriter;
 use anyhow::Context as _;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -181,6 +183,8 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         k => k as usize,
     };
     let plot = graph.run.plot;
+    // Opened before anything is built, so that a tracker that cannot write stops the run now.
+    let mut trackers = Trackers::open(&graph.run, &dir.path)?;
     let mut session = Session::build(
         graph,
         devices.clone(),
@@ -259,6 +263,9 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         .context("watching for SIGTERM")?;
     let _unwatch = Unregister(watch);
     let mut stopped_after = None;
+    if first == 0 {
+        trackers.graph(&session.graph.resolved)?;
+    }
     if first == 0
         && let Some(report) = session
             .run_before_train(&mut |e| progress.event(e))
@@ -270,6 +277,7 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
             }
         }
         metrics.write(0, &report.metrics)?;
+        trackers.step(0, &report.metrics, &report)?;
         progress.message(&crate::progress::before_train_line(&report));
     }
     for step in first..total {
@@ -280,12 +288,17 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
             let seconds = report.metrics.get("timing_s/step").copied();
             report.metrics.extend(p.metrics(&devices, seconds));
         }
+        let world = opts.cluster.as_ref().map_or(1, |c| c.world);
+        report
+            .metrics
+            .extend(throughput(&report.metrics, devices.len() * world));
         for n in &report.nodes {
             for w in &n.warnings {
                 progress.message(&format!("warning: node `{}`: {w}", n.name));
             }
         }
         metrics.write(step + 1, &report.metrics)?;
+        trackers.step(step + 1, &report.metrics, &report)?;
         progress.step_done(&report);
         // Every process of a multi-process run votes after every step, so that a SIGTERM to
         // any of them stops all after the same step.
@@ -332,6 +345,78 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
         warnings,
         stopped_after,
     })
+}
+
+/// verl's `perf/time_per_step` (the step's seconds) and, when a node reported
+/// `perf/total_num_tokens`, `perf/throughput`: those tokens per second per device (verl's
+/// `compute_throughout_metrics`, over the run's `devices` in all its processes).
+fn throughput(metrics: &BTreeMap<String, f64>, devices: usize) -> Vec<(String, f64)> {
+    let Some(&seconds) = metrics.get("timing_s/step") else {
+        return Vec::new();
+    };
+    let mut out = vec![("perf/time_per_step".to_string(), seconds)];
+    if let Some(&tokens) = metrics.get("perf/total_num_tokens")
+        && seconds > 0.0
+    {
+        out.push((
+            "perf/throughput".into(),
+            tokens / (seconds * devices.max(1) as f64),
+        ));
+    }
+    out
+}
+
+/// Where the metrics go besides `metrics.jsonl` (`[run] tracking`).
+struct Trackers {
+    /// Event files under the run directory's `tensorboard/`.
+    tensorboard: Option<EventWriter>,
+}
+
+impl Trackers {
+    fn open(run: &crate::graph::RunConfig, run_dir: &Path) -> anyhow::Result<Trackers> {
+        let tensorboard = match run.tensorboard() {
+            true => Some(
+                EventWriter::create(&run_dir.join(crate::rundir::TENSORBOARD_DIR))
+                    .context("[run] tracking = tensorboard")?,
+            ),
+            false => None,
+        };
+        Ok(Trackers { tensorboard })
+    }
+
+    /// The graph, once at the start of a run: its resolved TOML as text.
+    fn graph(&mut self, resolved: &str) -> anyhow::Result<()> {
+        if let Some(tb) = &mut self.tensorboard {
+            tb.text("graph", 0, &format!("```toml\n{resolved}\n```"))?;
+        }
+        Ok(())
+    }
+
+    /// A step's metrics line and the texts and pictures its nodes logged.
+    fn step(
+        &mut self,
+        step: u64,
+        metrics: &BTreeMap<String, f64>,
+        report: &StepReport,
+    ) -> anyhow::Result<()> {
+        let Some(tb) = &mut self.tensorboard else {
+            return Ok(());
+        };
+        tb.scalars(step, metrics.iter().map(|(k, v)| (k, *v)))?;
+        for media in report.nodes.iter().flat_map(|n| &n.media) {
+            match media {
+                crate::Media::Text { tag, markdown } => tb.text(tag, step, markdown)?,
+                crate::Media::Image {
+                    tag,
+                    png,
+                    width,
+                    height,
+                    channels,
+                } => tb.image(tag, step, png, *width, *height, *channels)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Restores SIGTERM's default action when the run returns.

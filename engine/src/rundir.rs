@@ -6,6 +6,8 @@
 //! <run>/metrics.jsonl     one JSON object per step, appended and flushed after each step
 //! <run>/checkpoints/step_NNNNNN/   see `session` for the layout; the newest N are kept
 //! <run>/plots.svg         the main curves, drawn at the end (and by `flowrl plot`)
+//! <run>/tensorboard/      TensorBoard event files (`[run] tracking = ["tensorboard"]`)
+//! <run>/generations/      the evaluation's logged responses (`eval.log_generations`)
 //! ```
 //! A directory that already holds a run is refused unless the caller resumes it or forces a fresh
 //! start (which removes only the files listed above).
@@ -28,6 +30,10 @@ pub const RUN_FILE: &str = "run.json";
 pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const PLOT_FILE: &str = "plots.svg";
+/// TensorBoard's event files (`[run] tracking = ["tensorboard"]`).
+pub const TENSORBOARD_DIR: &str = "tensorboard";
+/// The evaluation's logged generations (`eval.log_generations`).
+pub const GENERATIONS_DIR: &str = "generations";
 /// A checkpoint's list of files, sizes and checksums (see [`Manifest`]).
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// A checkpoint's run state (see [`crate::session::RunState`]).
@@ -68,9 +74,12 @@ impl RunDir {
                         .with_context(|| format!("removing {}", p.display()))?;
                 }
             }
-            let c = path.join(CHECKPOINTS_DIR);
-            if c.exists() {
-                std::fs::remove_dir_all(&c).with_context(|| format!("removing {}", c.display()))?;
+            for d in [CHECKPOINTS_DIR, TENSORBOARD_DIR, GENERATIONS_DIR] {
+                let d = path.join(d);
+                if d.exists() {
+                    std::fs::remove_dir_all(&d)
+                        .with_context(|| format!("removing {}", d.display()))?;
+                }
             }
         }
         std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;

@@ -155,6 +155,8 @@ pub struct NodeReport {
     pub skipped: bool,
     pub metrics: Vec<(String, f64)>,
     pub warnings: Vec<String>,
+    /// Texts and pictures for the trackers.
+    pub media: Vec<crate::Media>,
 }
 
 /// Everything shared by the nodes of one step.
@@ -162,6 +164,8 @@ pub struct StepEnv<'a> {
     pub step: u64,
     /// The pass before the first step ([`Node::before_train`]) rather than step `step`.
     pub before_train: bool,
+    /// Whether a tracker takes texts and pictures ([`crate::Media`]).
+    pub media: bool,
     pub total_steps: u64,
     pub seed: u64,
     pub devices: &'a [DeviceSpec],
@@ -178,13 +182,43 @@ pub fn run_step(
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> anyhow::Result<Vec<NodeReport>> {
     let n = graph.nodes.len();
-    let repeated = |i: NodeId| graph.nodes[i].repeated_by.is_some();
-    // Repeated nodes are run by their loop node, never dispatched here.
-    let deps: Vec<Vec<NodeId>> = graph
-        .dependencies
-        .iter()
-        .map(|d| d.iter().copied().filter(|&p| !repeated(p)).collect())
+    // Loop nodes that run their part of the graph: in a step all; in the pass before training
+    // those that take part in it, the members of the others being dispatched like any node.
+    let looping: Vec<bool> = (0..n)
+        .map(|i| {
+            !env.before_train
+                || nodes[i]
+                    .as_ref()
+                    .is_some_and(|node| node.runs_before_train())
+        })
         .collect();
+    let repeated = |i: NodeId| graph.nodes[i].repeated_by.is_some_and(|l| looping[l]);
+    // Repeated nodes are run by their loop node, never dispatched here.
+    let deps: Vec<Vec<NodeId>> = if env.before_train {
+        // The step's dependencies route around the loops; the pass waits for the edges.
+        graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let mut d: Vec<NodeId> = g
+                    .inputs
+                    .iter()
+                    .map(|e| e.from)
+                    .filter(|&p| p != i && !repeated(p))
+                    .collect();
+                d.sort_unstable();
+                d.dedup();
+                d
+            })
+            .collect()
+    } else {
+        graph
+            .dependencies
+            .iter()
+            .map(|d| d.iter().copied().filter(|&p| !repeated(p)).collect())
+            .collect()
+    };
     let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
     let mut consumers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
     for (to, d) in deps.iter().enumerate() {
@@ -220,6 +254,8 @@ pub fn run_step(
         warnings: Vec::new(),
         repeat: None,
         before_train: env.before_train,
+        wants_media: env.media,
+        media: Vec::new(),
     };
     let skipped_report = |id: NodeId| NodeReport {
         name: graph.nodes[id].name.clone(),
@@ -227,6 +263,7 @@ pub fn run_step(
         skipped: true,
         metrics: Vec::new(),
         warnings: Vec::new(),
+        media: Vec::new(),
     };
 
     loop {
@@ -252,7 +289,7 @@ pub fn run_step(
             };
             let (inputs, mut skip) = gather(id);
             let mut repeat = None;
-            if !g.repeat.is_empty() && !skip {
+            if !g.repeat.is_empty() && looping[id] && !skip {
                 let mut members = Vec::new();
                 for &r in &g.repeat {
                     let (outside, s) = gather(r);
@@ -266,7 +303,7 @@ pub fn run_step(
                 }
             }
             if skip {
-                for &r in &g.repeat {
+                for &r in g.repeat.iter().filter(|_| looping[id]) {
                     reports[r] = Some(skipped_report(r));
                 }
                 reports[id] = Some(skipped_report(id));
@@ -325,6 +362,7 @@ pub fn run_step(
                         Vec::new()
                     },
                     warnings: r.ctx.warnings,
+                    media: r.ctx.media,
                 });
             }
         }
@@ -372,6 +410,7 @@ pub fn run_step(
             skipped: outs.skipped,
             metrics: done.ctx.metrics,
             warnings: done.ctx.warnings,
+            media: done.ctx.media,
         });
         for &c in &consumers[id] {
             waiting[c] -= 1;

@@ -301,6 +301,7 @@ impl Session {
         let env = StepEnv {
             step,
             before_train,
+            media: self.graph.run.tensorboard(),
             total_steps: self.graph.run.steps,
             seed: self.graph.run.seed,
             devices: &self.first_devices,

@@ -8,6 +8,9 @@ use crate::spec::STable;
 
 use super::schema::{SchemaChecker, table_of};
 
+/// The trackers `[run] tracking` names.
+pub const TRACKERS: &[&str] = &["jsonl", "tensorboard"];
+
 /// The `[run]` section's schema.
 pub fn run_params() -> Vec<ParamSpec> {
     vec![
@@ -42,6 +45,9 @@ pub fn run_params() -> Vec<ParamSpec> {
         ParamSpec::bool("plot")
             .default(true)
             .doc("draw plots of the main curves into the run directory at the end"),
+        ParamSpec::array("tracking", ParamType::Enum(TRACKERS.iter().map(|t| t.to_string()).collect()))
+            .default(serde_json::json!(["jsonl"]))
+            .doc("where the metrics go: `jsonl` (metrics.jsonl, always written) and `tensorboard` (event files under the run directory's tensorboard/, with the graph and sampled generations; W&B imports them)"),
     ]
 }
 

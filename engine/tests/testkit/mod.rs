@@ -112,14 +112,15 @@ pub fn run_options(out: &Path, resume: bool) -> RunOptions {
     }
 }
 
-/// The metrics rows of the run in `dir`, without the `timing_s/` keys (which vary).
+/// The metrics rows of the run in `dir`, without the wall-clock keys (`timing_s/`,
+/// `perf/time_per_step`), which vary.
 pub fn metrics(dir: &Path) -> Vec<Vec<(String, f64)>> {
     read_metrics(&dir.join("metrics.jsonl"))
         .unwrap()
         .into_iter()
         .map(|r| {
             r.into_iter()
-                .filter(|(k, _)| !k.starts_with("timing_s/"))
+                .filter(|(k, _)| !k.starts_with("timing_s/") && k != "perf/time_per_step")
                 .collect()
         })
         .collect()

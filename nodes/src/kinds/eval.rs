@@ -51,10 +51,13 @@ use crate::kinds::rollout::{
     Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
     sample_rollouts, stop_token_ids, validate_generation,
 };
+use crate::kinds::sink::trajectories::{PictureFolder, trajectory_line};
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
 use crate::sizing::{Prompts, planned_prompts};
 use crate::values::{ModelUpdate, PromptBatch, RolloutBatch, ScoreBatch, port_types};
+use flowrl_engine::graph::NodeId;
+use flowrl_engine::rundir::GENERATIONS_DIR;
 
 /// The `eval` kind.
 pub struct EvalKind;
@@ -85,6 +88,11 @@ struct EvalParams {
     /// maximum response length in tokens (verl: response_length)
     #[param(required, min = 1.0)]
     max_new_tokens: usize,
+    /// validation responses logged at each evaluation (the first N prompts, at most
+    /// `batch_size`; verl's log_val_generations): generations/val_step_NNNNNN.jsonl in the run
+    /// directory, and the trackers' `val/generations/*` (prompt, response, score, picture)
+    #[param(default = 4, min = 0)]
+    log_generations: usize,
     /// extra stop tokens (each must be one token of the tokenizer), besides the model's EOS
     #[serde(default)]
     stop: Vec<String>,
@@ -227,34 +235,110 @@ impl NodeKind for EvalKind {
     }
 }
 
-/// The graph's training reward nodes, which `eval` scores with unless its `reward` is set or its
-/// `scores` wired: the nodes (other than `eval`'s repeats) with a `scores` output that read
-/// nothing but one `rollouts` input.
-fn training_rewards<'g>(graph: &'g Graph, eval: &str) -> Vec<&'g str> {
+/// The graph's reward nodes as `eval` sees them: nodes (other than `eval`'s repeats and loop
+/// nodes) with a `scores` output that read only `rollouts` and other reward nodes' `scores`.
+fn reward_nodes(graph: &Graph, eval: &str) -> Vec<NodeId> {
     let eval_id = graph.node_id(eval);
-    graph
-        .nodes
-        .iter()
-        .filter(|n| n.name != eval && (eval_id.is_none() || n.repeated_by != eval_id))
-        .filter(|n| {
-            n.kind
-                .outputs()
-                .iter()
-                .any(|o| !o.argument && o.ty == SCORES.port_type())
+    let mut ids: Vec<NodeId> = (0..graph.nodes.len())
+        .filter(|&i| {
+            let n = &graph.nodes[i];
+            n.name != eval
+                && (eval_id.is_none() || n.repeated_by != eval_id)
+                && n.repeat.is_empty()
+                && !n.inputs.is_empty()
+                && n.kind
+                    .outputs()
+                    .iter()
+                    .any(|o| !o.argument && o.ty == SCORES.port_type())
+                && n.inputs
+                    .iter()
+                    .all(|e| e.ty == ROLLOUTS.port_type() || e.ty == SCORES.port_type())
         })
-        .filter(|n| matches!(&n.inputs[..], [e] if e.ty == ROLLOUTS.port_type()))
-        .map(|n| n.name.as_str())
+        .collect();
+    // A node that reads the scores of a node that is none is none either.
+    loop {
+        let before = ids.len();
+        let kept: Vec<NodeId> = ids
+            .iter()
+            .copied()
+            .filter(|&i| {
+                graph.nodes[i]
+                    .inputs
+                    .iter()
+                    .all(|e| e.ty == ROLLOUTS.port_type() || ids.contains(&e.from))
+            })
+            .collect();
+        ids = kept;
+        if ids.len() == before {
+            return ids;
+        }
+    }
+}
+
+/// The graph's training rewards, which `eval` scores with unless its `reward` is set or its
+/// `scores` wired: the reward nodes ([`reward_nodes`]) whose scores no other reward node reads
+/// (the default graph's `reward`; DAPO's `overlong`, which shapes `reward`'s scores).
+fn training_rewards<'g>(graph: &'g Graph, eval: &str) -> Vec<&'g str> {
+    let rewards = reward_nodes(graph, eval);
+    rewards
+        .iter()
+        .filter(|&&i| {
+            !rewards
+                .iter()
+                .any(|&j| graph.nodes[j].inputs.iter().any(|e| e.from == i))
+        })
+        .map(|&i| graph.nodes[i].name.as_str())
         .collect()
+}
+
+/// The reward node `name` and the reward nodes whose scores it reads, directly or not, in the
+/// graph's order: what a copy of it runs.
+fn reward_chain(graph: &Graph, eval: &str, name: &str) -> Vec<NodeId> {
+    let rewards = reward_nodes(graph, eval);
+    let mut needed: Vec<NodeId> = graph.node_id(name).into_iter().collect();
+    let mut k = 0;
+    while k < needed.len() {
+        for e in &graph.nodes[needed[k]].inputs {
+            if e.ty == SCORES.port_type() && rewards.contains(&e.from) && !needed.contains(&e.from)
+            {
+                needed.push(e.from);
+            }
+        }
+        k += 1;
+    }
+    graph
+        .order
+        .iter()
+        .copied()
+        .filter(|i| needed.contains(i))
+        .collect()
+}
+
+/// Where an input of a copied reward node comes from.
+enum Source {
+    /// The eval node's responses.
+    Rollouts,
+    /// An output of the chain's `index`-th node.
+    Copied(usize, String),
+}
+
+/// A private copy of one node of the training reward.
+struct CopiedNode {
+    name: String,
+    node: Box<dyn Node>,
+    inputs: Vec<(String, Source)>,
+    /// Its (first) `Scores` output.
+    scores_port: String,
 }
 
 /// What scores the responses.
 enum Scorer {
     /// A built-in rule.
     Rule(BuiltinReward),
-    /// A private copy of the graph's training reward node.
+    /// Private copies of the graph's training reward and the reward nodes it reads, run in
+    /// order on the eval node's responses; the last one's scores count.
     Copy {
-        name: String,
-        node: Box<dyn Node>,
+        chain: Vec<CopiedNode>,
         resources: Arc<Resources>,
     },
     /// The reward node wired to `scores`, which the eval node repeats.
@@ -273,18 +357,102 @@ impl Scorer {
         if me.is_some_and(|n| n.inputs.iter().any(|e| e.port == SCORES.name())) {
             return Ok(Scorer::Repeated);
         }
-        Ok(match training_rewards(graph, &ctx.node)[..] {
-            [] => Scorer::Rule(BuiltinReward::from_name("geo3k")?),
-            [name] => Scorer::Copy {
-                name: format!("{}/{name}", ctx.node),
-                node: ctx.build_copy(name)?,
-                resources: ctx.resources.clone(),
-            },
+        let name = match training_rewards(graph, &ctx.node)[..] {
+            [] => return Ok(Scorer::Rule(BuiltinReward::from_name("geo3k")?)),
+            [name] => name,
             ref several => anyhow::bail!(
                 "the graph has several reward nodes ({}): set `reward` or wire `scores`",
                 several.join(", ")
             ),
+        };
+        let ids = reward_chain(graph, &ctx.node, name);
+        let mut chain = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            let n = &graph.nodes[id];
+            let inputs = n
+                .inputs
+                .iter()
+                .map(|e| {
+                    let source = match ids.iter().position(|&j| j == e.from) {
+                        Some(k) if e.ty == SCORES.port_type() => {
+                            Source::Copied(k, e.from_port.clone())
+                        }
+                        _ => Source::Rollouts,
+                    };
+                    (e.port.clone(), source)
+                })
+                .collect();
+            let scores_port = n
+                .kind
+                .outputs()
+                .into_iter()
+                .find(|o| !o.argument && o.ty == SCORES.port_type())
+                .map(|o| o.name)
+                .context("a reward node without a Scores output")?;
+            chain.push(CopiedNode {
+                name: format!("{}/{}", ctx.node, n.name),
+                node: ctx.build_copy(&n.name)?,
+                inputs,
+                scores_port,
+            });
+        }
+        Ok(Scorer::Copy {
+            chain,
+            resources: ctx.resources.clone(),
         })
+    }
+
+    /// Runs the copied chain on `rollouts`: the scores of the last node (its first `Scores`
+    /// output).
+    fn run_copies(
+        chain: &mut [CopiedNode],
+        resources: &Arc<Resources>,
+        rollouts: &Arc<RolloutBatch>,
+        ctx: &mut StepContext,
+    ) -> Result<Arc<ScoreBatch>> {
+        let names: Vec<String> = chain.iter().map(|c| c.name.clone()).collect();
+        let mut outputs: Vec<Outputs> = Vec::with_capacity(chain.len());
+        for c in chain.iter_mut() {
+            let mut inputs = Inputs::new(c.name.clone());
+            for (port, source) in &c.inputs {
+                let value = match source {
+                    Source::Rollouts => Value::new(
+                        ROLLOUTS.port_type(),
+                        Payload::opaque_arc(rollouts.clone()),
+                    ),
+                    Source::Copied(k, from_port) => {
+                        let scores: Arc<ScoreBatch> =
+                            outputs[*k].get_arc(from_port).with_context(|| {
+                                format!("`{}` gave no `{from_port}`", names[*k])
+                            })?;
+                        Value::new(SCORES.port_type(), Payload::opaque_arc(scores))
+                    }
+                };
+                inputs.insert(port.clone(), value);
+            }
+            let mut copy_ctx = StepContext::new(
+                c.name.clone(),
+                ctx.step(),
+                ctx.total_steps(),
+                ctx.seed(),
+                ctx.device(),
+                resources.clone(),
+            );
+            let got = c
+                .node
+                .run(&inputs, &mut copy_ctx)
+                .with_context(|| format!("scoring with `{}`", c.name))?;
+            for w in copy_ctx.warnings() {
+                ctx.warn(format!("{}: {w}", c.name));
+            }
+            outputs.push(got);
+        }
+        let last = chain.last().context("no reward node to score with")?;
+        let port = last.scores_port.clone();
+        outputs
+            .last()
+            .and_then(|o| o.get_arc::<ScoreBatch>(&port))
+            .with_context(|| format!("`{}` gave no `{port}`", last.name))
     }
 }
 
@@ -301,6 +469,8 @@ struct EvalNode {
 struct SourceStats {
     score: f64,
     accuracy: f64,
+    /// Σ of each score component.
+    components: BTreeMap<String, f64>,
     count: usize,
 }
 
@@ -318,6 +488,10 @@ impl Node for EvalNode {
         }
         self.evaluate(inputs, ctx)
     }
+
+    fn runs_before_train(&self) -> bool {
+        self.p.before_train
+    }
 }
 
 impl EvalNode {
@@ -329,10 +503,12 @@ impl EvalNode {
         let mut lengths = 0usize;
         let mut total = 0usize;
         let (mut tool_calls, mut tool_users) = (0usize, 0usize);
-        for chunk in split(&prompts, self.p.batch_size) {
+        let mut generations: Vec<LoggedResponse> = Vec::new();
+        for (generations_chunk, chunk) in split(&prompts, self.p.batch_size).into_iter().enumerate()
+        {
             // Generation runs where the model lives.
             let here = Replicas::single(self.model.device);
-            let rollouts = match &self.multi_turn {
+            let rollouts = Arc::new(match &self.multi_turn {
                 Some(m) => m.sample(&Arc::new(chunk), &here, ctx.rng().random())?,
                 None => sample_rollouts(
                     &self.model,
@@ -342,7 +518,7 @@ impl EvalNode {
                     &here,
                     ctx,
                 )?,
-            };
+            });
             for t in &rollouts.trajectories {
                 tool_calls += t.tool_calls;
                 tool_users += usize::from(t.tool_calls > 0);
@@ -353,37 +529,12 @@ impl EvalNode {
                     // The reward node's own critic/score/* would overwrite the training reward's.
                     let repeat = ctx.repeat()?;
                     repeat.report_metrics(false);
-                    let got = repeat.run(Outputs::new().with_opaque(ROLLOUTS, rollouts.clone()))?;
+                    let got =
+                        repeat.run(Outputs::new().with(ROLLOUTS, rollouts.as_ref().clone()))?;
                     Some(got.get_arc(SCORES)?)
                 }
-                Scorer::Copy {
-                    name,
-                    node,
-                    resources,
-                } => {
-                    let mut inputs = Inputs::new(name.clone());
-                    inputs.insert(
-                        ROLLOUTS.name(),
-                        Value::new(ROLLOUTS.port_type(), Payload::opaque(rollouts.clone())),
-                    );
-                    let mut copy_ctx = StepContext::new(
-                        name.clone(),
-                        ctx.step(),
-                        ctx.total_steps(),
-                        ctx.seed(),
-                        ctx.device(),
-                        resources.clone(),
-                    );
-                    let got = node
-                        .run(&inputs, &mut copy_ctx)
-                        .with_context(|| format!("scoring with `{name}`"))?;
-                    for w in copy_ctx.warnings() {
-                        ctx.warn(format!("{name}: {w}"));
-                    }
-                    Some(
-                        got.get_arc(SCORES)
-                            .context("the reward copy gave no scores")?,
-                    )
+                Scorer::Copy { chain, resources } => {
+                    Some(Scorer::run_copies(chain, resources, &rollouts, ctx)?)
                 }
             };
             if let Some(s) = &scored {
@@ -396,31 +547,43 @@ impl EvalNode {
                 );
             }
             for r in 0..rollouts.len() {
-                let (score, acc) = match &scored {
+                let (score, components) = match &scored {
                     Some(s) => (
                         s.scores[r] as f64,
-                        s.components.get("acc").map_or(s.scores[r], |a| a[r]) as f64,
+                        s.components
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v[r] as f64))
+                            .collect(),
                     ),
                     None => {
                         let Scorer::Rule(rule) = &self.scorer else {
                             unreachable!("only a rule leaves the responses unscored")
                         };
                         let s = rule.score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
-                        let acc = s
-                            .components
-                            .iter()
-                            .find(|(name, _)| name == "acc")
-                            .map(|(_, v)| *v)
-                            .unwrap_or(s.score);
-                        (s.score, acc)
+                        (s.score, s.components)
                     }
                 };
+                let acc = components
+                    .iter()
+                    .find(|(name, _)| name == "acc")
+                    .map_or(score, |(_, v)| *v);
                 let e = per_source
                     .entry(rollouts.data_source[r].clone())
                     .or_default();
                 e.score += score;
                 e.accuracy += acc;
                 e.count += 1;
+                for (name, v) in &components {
+                    *e.components.entry(name.clone()).or_default() += v;
+                }
+                if generations.len() < self.p.log_generations && generations_chunk == 0 {
+                    generations.push(LoggedResponse {
+                        rollouts: rollouts.clone(),
+                        row: r,
+                        score,
+                        components,
+                    });
+                }
                 lengths += rollouts.response_ids[r].len();
                 total += 1;
             }
@@ -430,6 +593,19 @@ impl EvalNode {
             let n = s.count as f64;
             ctx.metric(format!("val/{source}/score"), s.score / n);
             ctx.metric(format!("val/{source}/accuracy"), s.accuracy / n);
+            // verl's names (ray_trainer._validate): val-core/<source>/<var>/mean@1 for the core
+            // variable (`acc` when the reward has it, else `reward`), val-aux/ for the others.
+            let core = if s.components.contains_key("acc") {
+                "acc"
+            } else {
+                "reward"
+            };
+            let vars = std::iter::once(("reward", s.score))
+                .chain(s.components.iter().map(|(k, v)| (k.as_str(), *v)));
+            for (var, sum) in vars {
+                let section = if var == core { "val-core" } else { "val-aux" };
+                ctx.metric(format!("{section}/{source}/{var}/mean@1"), sum / n);
+            }
             score += s.score;
             accuracy += s.accuracy;
         }
@@ -442,8 +618,91 @@ impl EvalNode {
                 ctx.metric("val/tool_calls/rate", tool_users as f64 / total as f64);
             }
         }
+        log_generations(&generations, ctx)?;
         Ok(Outputs::new())
     }
+}
+
+/// A validation response kept for the generations log.
+struct LoggedResponse {
+    rollouts: Arc<RolloutBatch>,
+    row: usize,
+    score: f64,
+    components: Vec<(String, f64)>,
+}
+
+/// Writes the kept responses to `generations/val_step_NNNNNN.jsonl` under the run directory (as
+/// `sink.trajectories` writes a line; the prompts' pictures under `generations/val_images/`),
+/// and logs each for the trackers: `val/generations/<k>` (prompt, response, ground truth, score)
+/// and `val/generations/<k>/image` (the prompt's first picture).
+fn log_generations(generations: &[LoggedResponse], ctx: &mut StepContext) -> Result<()> {
+    if generations.is_empty() {
+        return Ok(());
+    }
+    let step = if ctx.is_before_train() {
+        0
+    } else {
+        ctx.step() + 1
+    };
+    if let Some(run_dir) = ctx.run_dir() {
+        let dir = run_dir.join(GENERATIONS_DIR);
+        let mut pictures = PictureFolder::new(
+            dir.join("val_images"),
+            format!("{GENERATIONS_DIR}/val_images/"),
+        )?;
+        let mut lines = String::new();
+        for g in generations {
+            let mut line =
+                trajectory_line(&g.rollouts, g.row, g.score, &g.components, &mut pictures)?;
+            line["step"] = serde_json::json!(step);
+            lines.push_str(&serde_json::to_string(&line)?);
+            lines.push('\n');
+        }
+        let path = dir.join(format!("val_step_{step:06}.jsonl"));
+        std::fs::write(&path, lines).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if ctx.wants_media() {
+        for (k, g) in generations.iter().enumerate() {
+            let (b, r) = (&g.rollouts, g.row);
+            let prompt = &b.prompts.prompts[b.prompt_index[r]];
+            let text: Vec<String> = prompt
+                .messages
+                .iter()
+                .map(|m| format!("{}: {}", m.role, m.content))
+                .collect();
+            let components: Vec<String> = g
+                .components
+                .iter()
+                .map(|(name, v)| format!("{name} {v:.3}"))
+                .collect();
+            ctx.log_text(
+                format!("val/generations/{k}"),
+                format!(
+                    "**{}** · score {:.3} ({}) · ground truth `{}`\n\n**prompt**\n\n```\n{}\n```\n\n\
+                     **response**\n\n```\n{}\n```",
+                    b.data_source[r],
+                    g.score,
+                    components.join(", "),
+                    b.ground_truth[r],
+                    text.join("\n"),
+                    b.response_text[r],
+                ),
+            );
+            if let Some(picture) = prompt.pictures.first() {
+                let mut png = Vec::new();
+                picture
+                    .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+                    .context("encoding a validation picture")?;
+                ctx.log_image(
+                    format!("val/generations/{k}/image"),
+                    png,
+                    picture.width(),
+                    picture.height(),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `batch` in consecutive pieces of at most `size` prompts.

@@ -203,6 +203,12 @@ impl RolloutBatch {
         self.response_mask.cols
     }
 
+    /// Every token of the batch: the prompts' and the responses' (tool answers included).
+    pub fn total_tokens(&self) -> usize {
+        self.prompt_ids.iter().map(Vec::len).sum::<usize>()
+            + self.response_ids.iter().map(Vec::len).sum::<usize>()
+    }
+
     /// Per response: number of generated tokens (sum of its mask row).
     pub fn response_lengths(&self) -> Vec<usize> {
         self.response_ids.iter().map(Vec::len).collect()
@@ -306,6 +312,19 @@ pub struct ScoreBatch {
     /// Named components (e.g. `accuracy`, `format`), each with one value per response; logged as
     /// `critic/score/<name>/mean` style metrics by the reward nodes.
     pub components: BTreeMap<String, Vec<f32>>,
+}
+
+/// Serialized (for `sink.jsonl`, `debug.print`) as the responses' uids, scores and components
+/// (the rollouts themselves are on the `Rollouts` edge).
+impl serde::Serialize for ScoreBatch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("ScoreBatch", 3)?;
+        st.serialize_field("uid", &self.rollouts.uid)?;
+        st.serialize_field("scores", &self.scores)?;
+        st.serialize_field("components", &self.components)?;
+        st.end()
+    }
 }
 
 impl ScoreBatch {
@@ -466,7 +485,34 @@ pub struct AdvantageBatch {
     pub returns: TokenMatrix,
 }
 
+/// Serialized (for `sink.jsonl`, `debug.print`) as the responses' uids and the `[B, T]`
+/// advantages and returns.
+impl serde::Serialize for AdvantageBatch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("AdvantageBatch", 3)?;
+        st.serialize_field("uid", &self.rollouts.uid)?;
+        st.serialize_field("advantages", &self.advantages)?;
+        st.serialize_field("returns", &self.returns)?;
+        st.end()
+    }
+}
+
 impl AdvantageBatch {
+    /// Response `r`'s advantage as one number: the mean over its response tokens (GRPO's is the
+    /// same at every token).
+    pub fn sequence_advantage(&self, r: usize) -> f32 {
+        let mask = self.rollouts.response_mask.row(r);
+        let (sum, n) = self
+            .advantages
+            .row(r)
+            .iter()
+            .zip(mask)
+            .filter(|(_, m)| **m > 0.5)
+            .fold((0.0f64, 0usize), |(s, n), (a, _)| (s + *a as f64, n + 1));
+        if n == 0 { 0.0 } else { (sum / n as f64) as f32 }
+    }
+
     /// Checks the shapes against the rollouts.
     pub fn check(&self) -> anyhow::Result<()> {
         let shape = self.rollouts.response_mask.shape();

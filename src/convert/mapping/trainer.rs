@@ -63,7 +63,51 @@ pub(super) fn run(m: &mut Mapper, p: &Plan) {
     } else {
         run.set("checkpoint_every", "0".into(), "trainer.save_freq");
     }
+    tracking(m, &mut run);
     m.sections.push(run);
+}
+
+/// verl's trackers that a TensorBoard event file stands in for: TensorBoard itself, and the
+/// services that import its files (W&B: `wandb sync --sync-tensorboard`).
+const TENSORBOARD_LIKE: &[&str] = &[
+    "tensorboard",
+    "wandb",
+    "vemlp_wandb",
+    "mlflow",
+    "swanlab",
+    "clearml",
+    "trackio",
+];
+
+/// `[run] tracking` from `trainer.logger`: TensorBoard files when it names a tracker
+/// (`console` and `file` are metrics.jsonl and the console, always written).
+fn tracking(m: &mut Mapper, run: &mut Section) {
+    let loggers = string_list(m.v("trainer.logger"));
+    let services: Vec<&String> = loggers
+        .iter()
+        .filter(|l| TENSORBOARD_LIKE.contains(&l.as_str()))
+        .collect();
+    if services.is_empty() {
+        return;
+    }
+    let imported: Vec<&str> = services
+        .iter()
+        .map(|s| s.as_str())
+        .filter(|s| *s != "tensorboard")
+        .collect();
+    let from = if imported.is_empty() {
+        "trainer.logger".to_string()
+    } else {
+        format!(
+            "trainer.logger ({}: import RUN_DIR/tensorboard, e.g. wandb sync --sync-tensorboard)",
+            imported.join(", ")
+        )
+    };
+    run.set(
+        "tracking",
+        t_strs(&["jsonl".into(), "tensorboard".into()]),
+        &from,
+    );
 }
 
 /// The number of training steps: `trainer.total_training_steps`, else
@@ -175,6 +219,14 @@ pub(super) fn eval(m: &mut Mapper, p: &Plan) {
             "before_train",
             m.flag("trainer.val_before_train").to_string(),
             "trainer.val_before_train",
+        );
+        e.set(
+            "log_generations",
+            m.int("trainer.log_val_generations")
+                .unwrap_or(0)
+                .max(0)
+                .to_string(),
+            "trainer.log_val_generations",
         );
         e.set(
             "max_new_tokens",

@@ -71,7 +71,7 @@ impl Node for GaeNode {
         if let Some(ev) = explained_variance(&returns, &v, &host.mask) {
             ctx.metric("critic/vf_explained_var", ev);
         }
-        Ok(Outputs::new().with_opaque(ADVANTAGES, batch))
+        Ok(Outputs::new().with(ADVANTAGES, batch))
     }
 }
 

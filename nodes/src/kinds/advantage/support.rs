@@ -324,7 +324,7 @@ impl Node for AdvantageNode {
         let batch = advantage_batch(&scores, self.estimator)?;
         log_advantage_metrics(ctx, &batch);
         self.zeros.observe(ctx, &batch);
-        Ok(Outputs::new().with_opaque(ADVANTAGES, batch))
+        Ok(Outputs::new().with(ADVANTAGES, batch))
     }
 }
 
@@ -362,7 +362,7 @@ impl Node for EstimatorNode {
         let batch = advantage_output(scores.rollouts.clone(), out)?;
         log_advantage_metrics(ctx, &batch);
         self.zeros.observe(ctx, &batch);
-        Ok(Outputs::new().with_opaque(ADVANTAGES, batch))
+        Ok(Outputs::new().with(ADVANTAGES, batch))
     }
 }
 

@@ -467,6 +467,10 @@ impl Node for DatasetNode {
         })
     }
 
+    fn runs_before_train(&self) -> bool {
+        self.val.is_some()
+    }
+
     fn save_state(&self) -> Result<Option<serde_json::Value>> {
         Ok(Some(serde_json::to_value(self.train.position())?))
     }

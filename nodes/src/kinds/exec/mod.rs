@@ -685,9 +685,9 @@ impl ExecNode {
         }
         for (port, v) in out_values {
             out = match v {
-                OutValue::Scores(s) => out.with_opaque(port, s),
-                OutValue::Advantages(a) => out.with_opaque(port, a),
-                OutValue::LogProbs(l) => out.with_opaque(port, l),
+                OutValue::Scores(s) => out.with(port, s),
+                OutValue::Advantages(a) => out.with(port, a),
+                OutValue::LogProbs(l) => out.with(port, l),
             };
         }
         for (name, x) in metrics {

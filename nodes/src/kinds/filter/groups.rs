@@ -250,8 +250,8 @@ impl Node for FilterGroupsNode {
         log_score_metrics(ctx, &batch);
         let rollouts: Arc<RolloutBatch> = batch.rollouts.clone();
         Ok(Outputs::new()
-            .with_opaque(ROLLOUTS, (*rollouts).clone())
-            .with_opaque(SCORES, batch))
+            .with(ROLLOUTS, (*rollouts).clone())
+            .with(SCORES, batch))
     }
 }
 

@@ -142,7 +142,7 @@ impl Node for OverlongNode {
         batch.rollouts = Arc::clone(&input.rollouts);
         batch.check()?;
         log_score_metrics(ctx, &batch);
-        Ok(Outputs::new().with_opaque(SCORES, batch))
+        Ok(Outputs::new().with(SCORES, batch))
     }
 }
 

@@ -103,7 +103,7 @@ impl Node for RewardNode {
         let rollouts = inputs.get_arc(ROLLOUTS)?;
         let batch = score_rollouts(self.reward.as_ref(), rollouts)?;
         log_score_metrics(ctx, &batch);
-        Ok(Outputs::new().with_opaque(SCORES, batch))
+        Ok(Outputs::new().with(SCORES, batch))
     }
 }
 

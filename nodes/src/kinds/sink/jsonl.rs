@@ -1,9 +1,11 @@
 //! `sink.jsonl`: appends the values wired to it to a JSONL file, one line per step.
 //!
 //! Inputs are named by the graph (`inputs = { scores = "reward.scores", adv = "advantage.advantages" }`)
-//! and accept any port type; each line is `{"step": N, "<input>": <value as JSON>, ...}`. Values that
-//! cannot be serialized are recorded as `{"opaque": "<Rust type>"}`. Lines are flushed per step, and
-//! a resumed run truncates nothing: the file is append-only and its lines carry the step.
+//! and accept any port type; each line is `{"step": N, "<input>": <value as JSON>, ...}`. Every
+//! built-in port type has a JSON form (scores with their components, advantages and returns,
+//! rollouts, log-probs, values, prompts); a plugin's value that cannot be serialized is recorded as
+//! `{"opaque": "<Rust type>"}`. Lines are flushed per step, and a resumed run truncates nothing:
+//! the file is append-only and its lines carry the step.
 
 use flowrl_engine::{
     BuildContext, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params, PortSpec,

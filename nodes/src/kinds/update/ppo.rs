@@ -618,6 +618,8 @@ impl PpoUpdateNode {
         }
         ctx.metric("actor/lr", lr);
         ctx.metric("actor/skipped_steps", sums.skipped as f64);
+        // verl's compute_throughout_metrics: every token of the trained batch.
+        ctx.metric("perf/total_num_tokens", rollouts.total_tokens() as f64);
         Ok(Outputs::new().with(DONE, done))
     }
 
