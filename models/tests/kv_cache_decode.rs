@@ -189,11 +189,15 @@ fn assert_same(what: &str, got: &Generation, want: &Generation, exact: bool) {
 fn reserved_cache_and_dropped_rows_decode_like_the_reference_loop() {
     let device = Default::default();
     let mut cases = 0;
+    // Every distinct model configuration of the fixture cases (the cases of a family share
+    // theirs), on text-only prompts built here: random weights, so the case's inputs and
+    // expected outputs are not read.
+    let mut seen = std::collections::BTreeSet::new();
     for dir in model_cases(&["qwen2_vl", "qwen3_vl", "gemma4"]) {
-        if !dir.ends_with("text_only") {
+        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        if !seen.insert(config.clone()) {
             continue;
         }
-        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
         let model = Model::<B>::random(&config, &device, 5).unwrap();
         let parts = ModelParts::of(&model);
         let vocab = parts.lm.vocab_size() as u32;
@@ -272,7 +276,7 @@ fn reserved_cache_and_dropped_rows_decode_like_the_reference_loop() {
         cases += 1;
     }
     assert!(
-        cases >= 2,
-        "expected the text-only fixture configs, found {cases}"
+        cases >= 1,
+        "no fixture model configuration found under the fixtures' qwen2_vl, qwen3_vl, gemma4"
     );
 }
