@@ -5,11 +5,13 @@
 //! Wire `prompts` to the dataset node's `val_prompts` and, to evaluate the weights after the
 //! step's update (and keep the order deterministic), `after` to the update node's `done`.
 //!
-//! Scoring, as verl validates with the training reward function: by default a private copy of
-//! the graph's training reward node (the one node with a `scores` output that reads nothing but
-//! `rollouts`; a graph with several must choose), built from its kind and parameters — a
-//! plugin or an `exec` reward included. Otherwise the built-in rule named by `reward` (geo3k when
-//! the graph has no such node), or a reward node of the graph that the eval node repeats (see
+//! Scoring, as verl validates with the training reward function: by default private copies of
+//! the graph's training reward — the reward node whose scores no other reward node reads — and
+//! of the reward nodes it reads (DAPO's `reward` → `overlong`; a `reward.combined` over a judge
+//! and a rule), built from their kinds and parameters, plugins and `exec` programs included; a
+//! graph with two such final nodes must choose. Otherwise the built-in rule named by `reward`
+//! (geo3k when the graph has no reward node), or a reward node of the graph that the eval node
+//! repeats (see
 //! `flowrl_engine::repeat`): list it in `repeat`, wire its `rollouts` to `eval.rollouts` (each
 //! chunk of responses is handed to it) and `eval.scores` to its `scores`:
 //!
@@ -318,7 +320,7 @@ fn reward_chain(graph: &Graph, eval: &str, name: &str) -> Vec<NodeId> {
 enum Source {
     /// The eval node's responses.
     Rollouts,
-    /// An output of the chain's `index`-th node.
+    /// Output `port` of the chain's `index`-th node: `Copied(index, port)`.
     Copied(usize, String),
 }
 
@@ -416,15 +418,13 @@ impl Scorer {
             let mut inputs = Inputs::new(c.name.clone());
             for (port, source) in &c.inputs {
                 let value = match source {
-                    Source::Rollouts => Value::new(
-                        ROLLOUTS.port_type(),
-                        Payload::opaque_arc(rollouts.clone()),
-                    ),
+                    Source::Rollouts => {
+                        Value::new(ROLLOUTS.port_type(), Payload::opaque_arc(rollouts.clone()))
+                    }
                     Source::Copied(k, from_port) => {
-                        let scores: Arc<ScoreBatch> =
-                            outputs[*k].get_arc(from_port).with_context(|| {
-                                format!("`{}` gave no `{from_port}`", names[*k])
-                            })?;
+                        let scores: Arc<ScoreBatch> = outputs[*k]
+                            .get_arc(from_port)
+                            .with_context(|| format!("`{}` gave no `{from_port}`", names[*k]))?;
                         Value::new(SCORES.port_type(), Payload::opaque_arc(scores))
                     }
                 };
