@@ -136,6 +136,13 @@ macro_rules! builtin_reward_kind {
             fn timing_key(&self) -> Option<&str> {
                 Some("reward")
             }
+            /// A few numbers per row on the host: nothing the plan counts.
+            fn footprint(
+                &self,
+                _: &flowrl_engine::PlanCtx,
+            ) -> Option<flowrl_engine::Footprint> {
+                Some(flowrl_engine::Footprint::default())
+            }
             fn build(
                 &self,
                 _params: &flowrl_engine::Params,
