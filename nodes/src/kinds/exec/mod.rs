@@ -43,9 +43,14 @@
 //! `critic/rewards/*`, `critic/score/<component>/mean`, see `reward_support`); the program's own
 //! `metrics` are recorded after those, under the names it gives.
 //!
+//! Pictures: with `images = true` the prompts' pictures (and those tools returned) are written as
+//! PNG files under `<run dir>/exec_images/<node>/` and their paths added to the request's inputs
+//! (`images`, `tool_images`), so that a program can judge what the model saw (see `images`).
+//!
 //! What this module does not do: it does not sandbox the program (it runs with flowrl's rights),
 //! and it sends no tensors but the per-token numbers of the text-level views in `wire`.
 
+mod images;
 pub(crate) mod process;
 mod protocol;
 mod wire;
@@ -103,6 +108,14 @@ struct ExecParams {
     /// with `on-failure`: how many restarts are allowed over the whole run
     #[param(default = 3, min = 0.0)]
     max_restarts: u32,
+    /// write the prompts' pictures (and those tools returned) as PNG files under the run
+    /// directory and send their paths with every Prompts, Rollouts, Scores and Advantages input
+    /// (`images`, `tool_images`), for judges that look at the picture
+    #[param(default = false)]
+    images: bool,
+    /// with `images`: keep every step's pictures (by default only the latest step's are kept)
+    #[param(default = false)]
+    keep_images: bool,
     /// parameters forwarded to the program with every request, checked against the ones it
     /// declares in its handshake
     #[serde(default)]
@@ -327,10 +340,38 @@ impl NodeKind for ExecProgram {
     fn params(&self) -> Vec<ParamSpec> {
         exec_params(Some(&self.declared.params))
     }
-    /// A protocol-1 program still runs, with a warning (W0502) at `command`.
+    /// A protocol-1 program still runs, with a warning (W0502) at `command`; `images` on a node
+    /// whose inputs carry no pictures, and `keep_images` without `images`, are warnings (W0501).
     fn validate(&self, ctx: &ValidateCtx) -> Vec<Diagnostic> {
+        let mut warnings = Vec::new();
+        let flag = |key: &str| ctx.params().get(key).and_then(Json::as_bool) == Some(true);
+        let takes_pictures = self
+            .declared
+            .inputs
+            .iter()
+            .any(|s| wire::has_pictures(s.ty));
+        if flag("images") && !takes_pictures {
+            warnings.push(ctx.warning(
+                "images",
+                format!(
+                    "exec node `{}`: `images = true`, but program `{}` takes no input of type \
+                     Prompts, Rollouts, Scores or Advantages, so no picture is sent",
+                    ctx.name(),
+                    self.hello.name
+                ),
+            ));
+        }
+        if flag("keep_images") && !flag("images") {
+            warnings.push(ctx.warning(
+                "keep_images",
+                format!(
+                    "exec node `{}`: `keep_images` does nothing without `images = true`",
+                    ctx.name()
+                ),
+            ));
+        }
         if self.hello.protocol >= PROTOCOL_VERSION {
-            return Vec::new();
+            return warnings;
         }
         let msg = format!(
             "exec node `{}`: program `{}` speaks protocol {}, whose answers do not carry the \
@@ -339,14 +380,15 @@ impl NodeKind for ExecProgram {
             self.hello.name,
             self.hello.protocol
         );
-        vec![
+        warnings.push(
             Diagnostic::warning(Code::Deprecated, msg)
                 .at(ctx.span_of("command"))
                 .with_help(format!(
                     "declare \"protocol\": {PROTOCOL_VERSION} in the handshake and echo the \
                      request's `step` in every answer (docs/exec-protocol.md)"
                 )),
-        ]
+        );
+        warnings
     }
     fn build(&self, params: &Params, ctx: &BuildContext) -> anyhow::Result<Box<dyn Node>> {
         let p: ExecParams = params.parse()?;
@@ -374,6 +416,13 @@ impl NodeKind for ExecProgram {
         if let (Some(p), Some(path)) = (&process, &stderr_log) {
             p.log_stderr_to(path)?;
         }
+        let images = if p.images {
+            let folder = images::ImageFolder::new(ctx.run_dir.as_deref(), &ctx.node, p.keep_images)
+                .map_err(|e| anyhow::anyhow!("exec node `{}`: {e}", ctx.node))?;
+            Some(folder)
+        } else {
+            None
+        };
         Ok(Box::new(ExecNode {
             node: ctx.node.clone(),
             stderr_log,
@@ -386,6 +435,7 @@ impl NodeKind for ExecProgram {
             process,
             restarts: 0,
             answered: None,
+            images,
         }))
     }
 }
@@ -407,6 +457,8 @@ struct ExecNode {
     restarts: u32,
     /// The `step` of the last request the current process answered (`None` since its start).
     answered: Option<u64>,
+    /// Where the inputs' pictures are written, with `images = true`.
+    images: Option<images::ImageFolder>,
 }
 
 /// Why a call failed.
@@ -563,10 +615,18 @@ impl ExecNode {
 impl Node for ExecNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> anyhow::Result<Outputs> {
         let step = ctx.step();
+        if let Some(folder) = self.images.as_mut() {
+            let begun = folder.begin(step);
+            begun.map_err(|e| self.fail(step, format!("the step's pictures: {e}")))?;
+        }
         let mut sent = BTreeMap::new();
         for (port, value) in inputs.iter() {
-            let json =
+            let mut json =
                 wire::to_json(value).map_err(|e| self.fail(step, format!("input `{port}` {e}")))?;
+            if let Some(folder) = self.images.as_mut() {
+                let added = wire::add_images(value, &mut json, folder);
+                added.map_err(|e| self.fail(step, format!("pictures of input `{port}`: {e}")))?;
+            }
             sent.insert(port.to_string(), json);
         }
         let line = serde_json::to_string(&Request {

@@ -1,14 +1,16 @@
 //! The JSON forms of edge values in the exec-node protocol (docs/exec-protocol.md, "Values").
 //!
 //! Inputs are sent as the text-level view a reward function or filter needs (response texts,
-//! ground truths, token ids, scores); pixel tensors are never sent. Outputs are the per-response
-//! numbers only: flowrl attaches them to the batch of responses the node received (the first
-//! required input of type Rollouts, Scores or Advantages), checks that there is exactly one entry
-//! per response, and pads per-token rows to the batch's response length.
+//! ground truths, token ids, scores); pixel tensors are never sent. With `images = true` the
+//! prompts' and tools' pictures are added as paths of PNG files ([`add_images`]). Outputs are the
+//! per-response numbers only: flowrl attaches them to the batch of responses the node received
+//! (the first required input of type Rollouts, Scores or Advantages), checks that there is exactly
+//! one entry per response, and pads per-token rows to the batch's response length.
 //!
 //! What this module does not do: no process handling and no message framing (see `process` and
 //! `protocol`).
 
+use super::images::ImageFolder;
 use crate::values::{
     AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, port_types,
 };
@@ -51,6 +53,11 @@ pub fn can_output(ty: PortType) -> bool {
 /// Values of this type carry the batch of responses they belong to.
 pub fn carries_rollouts(ty: PortType) -> bool {
     ty == ROLLOUTS || ty == SCORES || ty == ADVANTAGES
+}
+
+/// Values of this type carry pictures (`images = true` sends their paths).
+pub fn has_pictures(ty: PortType) -> bool {
+    ty == PROMPTS || carries_rollouts(ty)
 }
 
 /// Outputs of this type must be attached to a batch of responses.
@@ -119,6 +126,46 @@ pub fn to_json(v: &Value) -> Result<Json, String> {
             "has port type {other}, which the protocol cannot send"
         )),
     }
+}
+
+/// Adds the paths of a value's pictures to its JSON form (`images = true`), written through
+/// `folder`: for Prompts, `images` (per prompt, its pictures); for a batch of responses
+/// (Rollouts, and the `rollouts` of Scores and Advantages), `images` (per response, its prompt's
+/// pictures) and `tool_images` (per response, the pictures tools returned to it). Other types
+/// carry no pictures and are left as they are.
+pub fn add_images(v: &Value, json: &mut Json, folder: &mut ImageFolder) -> Result<(), String> {
+    match v.ty {
+        PROMPTS => {
+            let p = get::<PromptBatch>(v)?;
+            let images = (0..p.len())
+                .map(|i| folder.prompt(p, i))
+                .collect::<Result<Vec<_>, _>>()?;
+            json["images"] = json!(images);
+        }
+        ROLLOUTS | SCORES | ADVANTAGES => {
+            let r = rollouts_of(v).ok_or_else(|| {
+                format!(
+                    "holds `{}`, which carries no batch of responses",
+                    v.type_name()
+                )
+            })?;
+            let target = if v.ty == ROLLOUTS {
+                json
+            } else {
+                &mut json["rollouts"]
+            };
+            let mut images = Vec::with_capacity(r.len());
+            let mut tool_images = Vec::with_capacity(r.len());
+            for (i, &p) in r.prompt_index.iter().enumerate() {
+                images.push(folder.prompt(&r.prompts, p)?);
+                tool_images.push(folder.tool(&r, i)?);
+            }
+            target["images"] = json!(images);
+            target["tool_images"] = json!(tool_images);
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn unpadded_rows(m: &TokenMatrix, lens: &[usize]) -> Vec<Vec<f32>> {
