@@ -4,5 +4,6 @@ pub mod combined;
 pub mod exact_match;
 pub mod format;
 pub mod geo3k;
+pub mod judge;
 pub mod overlong;
 pub mod support;
