@@ -2,8 +2,9 @@
 //! positive verdict — "VLM as a judge" read from its logits, in one forward pass, no generation.
 //!
 //! For response `r` the judge sees one user message: the response's prompt pictures (with
-//! `images = true`), then `template` with `{prompt}` (the prompt's text, its `<image>`
-//! placeholders left out), `{response}` and `{ground_truth}` filled in; it is rendered by the
+//! `images = true`), then `template` with `{prompt}` (the text of the prompt's non-system
+//! messages, one per line, `<image>` placeholders left out), `{response}` and `{ground_truth}`
+//! filled in; it is rendered by the
 //! judge model's chat template with the generation prompt and encoded by its processor, as a
 //! dataset row would be. With ℓ₊ and ℓ₋ the judge's log-probabilities of the `positive` and
 //! `negative` label tokens as the first token of its answer,
