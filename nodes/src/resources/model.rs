@@ -32,8 +32,11 @@
 //!
 //! A value model (`value_head = true`, the critic of PPO, verl's `critic.model.path`): the same
 //! model with a [`ValueHead`] on its final hidden states ([`flowrl_models::value_head`]), read
-//! from the directory's `value_head.safetensors` when it has one (a flowrl checkpoint's `model/`)
-//! and drawn fresh otherwise (transformers' init of `score`, seeded by the run seed). The head is
+//! from the directory's `value_head.safetensors` when it has one (a flowrl checkpoint's `model/`),
+//! else from `score.weight` (+ `score.bias`) among its Hugging Face weights (the layout of
+//! transformers' `*ForSequenceClassification` / `*ForTokenClassification`, num_labels 1, whose
+//! backbone is read without those tensors: [`flowrl_models::value_head::load_backbone`]), and
+//! drawn fresh otherwise (transformers' init of `score`, seeded by the run seed). The head is
 //! trained with the backbone by `update.critic`, one AdamW over both; checkpoints add
 //! `model/value_head.safetensors`.
 
@@ -51,7 +54,9 @@ use flowrl_models::Model;
 use flowrl_models::hub::resolve_model_path;
 use flowrl_models::lora::{AdapterInit, LoraConfig, read_peft_adapter, read_peft_config};
 use flowrl_models::shape::ModelShape;
-use flowrl_models::value_head::{VALUE_HEAD_FILE, ValueHead, ValueModel, initializer_range};
+use flowrl_models::value_head::{
+    VALUE_HEAD_FILE, ValueHead, ValueModel, initializer_range, load_backbone,
+};
 use flowrl_models::weights::Precision;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
@@ -245,6 +250,55 @@ impl ModelResource {
         precision: Option<Precision>,
         lora: Option<(LoraConfig, AdapterInit)>,
     ) -> Result<Self> {
+        Self::load_inner(
+            name,
+            dir,
+            trainable,
+            random_seed,
+            device,
+            precision,
+            lora,
+            false,
+        )
+    }
+
+    /// [`ModelResource::load`] of a value model: the backbone read without the head's tensors of
+    /// a Hugging Face classification checkpoint, then [`ModelResource::attach_value_head`] with
+    /// `head_seed`.
+    pub fn load_value_model(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        random_seed: Option<u64>,
+        device: DeviceSpec,
+        precision: Option<Precision>,
+        head_seed: u64,
+    ) -> Result<Self> {
+        let mut model = Self::load_inner(
+            name,
+            dir,
+            trainable,
+            random_seed,
+            device,
+            precision,
+            None,
+            true,
+        )?;
+        model.attach_value_head(head_seed)?;
+        Ok(model)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_inner(
+        name: &str,
+        dir: &Path,
+        trainable: bool,
+        random_seed: Option<u64>,
+        device: DeviceSpec,
+        precision: Option<Precision>,
+        lora: Option<(LoraConfig, AdapterInit)>,
+        value_model: bool,
+    ) -> Result<Self> {
         ensure!(
             dir.is_dir(),
             "model `{name}`: directory `{}` does not exist",
@@ -311,6 +365,7 @@ impl ModelResource {
                 None => {
                     let weights = if trainable { Precision::F32 } else { precision };
                     let model = match random_seed {
+                        None if value_model => load_backbone::<B>(dir, &burn_device, weights),
                         None => Model::<B>::load_with_precision(dir, &burn_device, weights),
                         Some(seed) => Model::<B>::random_with_precision(
                             &config_json()?, &burn_device, seed, weights,
@@ -361,20 +416,20 @@ impl ModelResource {
     }
 
     /// Gives this model a value head: the one stored in its directory
-    /// (`value_head.safetensors`), else a fresh one drawn with `seed` (see the module doc).
+    /// (`value_head.safetensors`, or `score.*` among its Hugging Face weights), else a fresh one
+    /// drawn with `seed` (see the module doc).
     pub fn attach_value_head(&mut self, seed: u64) -> Result<()> {
-        let stored = self.dir.join(VALUE_HEAD_FILE);
         let std = initializer_range(&std::fs::read_to_string(self.dir.join("config.json"))?);
         on_backend!(self.backend, B => {
             let mut s = self.lock::<B>()?;
             let hidden = s.model.causal_lm().hidden_size();
             #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
             let device = s.device.clone();
-            s.value_head = Some(if stored.is_file() {
-                ValueHead::load(&stored, hidden, &device)
-                    .with_context(|| format!("model `{}`: value head", self.name))?
-            } else {
-                ValueHead::random(hidden, std, seed, &device)
+            let stored = ValueHead::load_stored(&self.dir, hidden, &device)
+                .with_context(|| format!("model `{}`: value head", self.name))?;
+            s.value_head = Some(match stored {
+                Some(head) => head,
+                None => ValueHead::random(hidden, std, seed, &device),
             });
         });
         self.value_head = true;
@@ -640,10 +695,11 @@ pub(crate) struct ModelParams {
     /// the adapter in PEFT's layout
     #[param(switch)]
     pub(crate) lora: Option<LoraParams>,
-    /// a value model (PPO's critic, verl critic.model): a linear value head `score` [1, hidden]
-    /// on the final hidden states, read from the directory's value_head.safetensors when
-    /// present, else drawn fresh (N(0, initializer_range²), bias 0, seeded); trained with the
-    /// backbone by `update.critic`
+    /// a value model (PPO's critic, verl critic.model; `reward.model`'s reward model): a linear
+    /// value head `score` [1, hidden] on the final hidden states, read from the directory's
+    /// value_head.safetensors or its `score.weight` (a `*ForSequenceClassification` checkpoint)
+    /// when present, else drawn fresh (N(0, initializer_range²), bias 0, seeded); trained with
+    /// the backbone by `update.critic`
     #[param(default = false)]
     pub(crate) value_head: bool,
     /// precision of the forward passes: bf16 = mixed precision (bf16 weights, activations and
@@ -985,17 +1041,21 @@ impl ResourceKind for ModelKind {
                     "model `{}`: a value model with LoRA adapters is not supported yet",
                     ctx.node
                 );
-                let mut model = ModelResource::load_with_lora(
-                    &ctx.node, &path, trainable, seed, ctx.device, precision, lora,
-                )?;
                 if p.value_head {
-                    model.attach_value_head(flowrl_engine::derive_seed(
-                        ctx.init_seed(),
-                        0,
-                        "value_head",
-                    ))?;
+                    ModelResource::load_value_model(
+                        &ctx.node,
+                        &path,
+                        trainable,
+                        seed,
+                        ctx.device,
+                        precision,
+                        flowrl_engine::derive_seed(ctx.init_seed(), 0, "value_head"),
+                    )?
+                } else {
+                    ModelResource::load_with_lora(
+                        &ctx.node, &path, trainable, seed, ctx.device, precision, lora,
+                    )?
                 }
-                model
             }
             (None, Some(from)) => {
                 let source = ctx.resource::<ModelResource>(&from)?;

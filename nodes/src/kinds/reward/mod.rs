@@ -5,5 +5,6 @@ pub mod exact_match;
 pub mod format;
 pub mod geo3k;
 pub mod judge;
+pub mod model;
 pub mod overlong;
 pub mod support;
