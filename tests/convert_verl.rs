@@ -813,3 +813,41 @@ fn a_current_verl_configuration_has_no_unknown_keys() {
     assert!(err.contains(", 0 unknown"), "{err}");
     assert!(!err.contains("unknown verl key"), "{err}");
 }
+
+/// A reward model whose directory holds a score head becomes `reward.model` on a
+/// `[models.reward_model]` value model (verl's rm_scores replace the rule reward); one without
+/// a head is a generative reward model: not carried over, with the advice to write a judge.
+#[test]
+fn a_reward_model_with_a_score_head_converts_to_reward_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("overrides.txt");
+    let head = root().join("tests/fixtures/reward_model/model");
+    std::fs::write(
+        &input,
+        format!(
+            "algorithm.adv_estimator=grpo reward.reward_model.enable=True \
+             reward.reward_model.model_path={}\n",
+            head.display()
+        ),
+    )
+    .unwrap();
+    let (text, t, _) = convert(&input, dir.path(), &[]);
+    assert_eq!(string(&t, "nodes.reward.kind"), "reward.model", "{text}");
+    assert_eq!(string(&t, "nodes.reward.model"), "reward_model");
+    assert_eq!(string(&t, "models.reward_model.path"), head.display().to_string());
+    assert_eq!(get(&t, "models.reward_model.value_head").as_bool(), Some(true));
+    validate(&dir.path().join("graph.toml"), &[]);
+
+    std::fs::write(
+        &input,
+        "algorithm.adv_estimator=grpo reward_model.enable=True \
+         reward_model.model.path=assets/tiny-qwen2-vl\n",
+    )
+    .unwrap();
+    let (text, t, err) = convert(&input, dir.path(), &[]);
+    assert_eq!(string(&t, "nodes.reward.kind"), "reward.geo3k", "{text}");
+    assert!(
+        err.contains("has no score head") && err.contains("reward.judge"),
+        "{err}"
+    );
+}

@@ -275,7 +275,8 @@ rules! {
     "critic.profiler.**" => NoEffect(PROFILER),
 
     // reward
-    "reward_model.enable" => Only("false|null", "a learned reward model is not supported yet: rewards are rule-based"),
+    "reward_model.enable" => Mapped("nodes.reward = reward.model when reward_model.model.path holds a score head (else not carried over: a generative reward model needs a reward.judge)"),
+    "reward_model.model.path" => Mapped("models.reward_model.path (with reward_model.enable)"),
     "reward_model.reward_manager" => Mapped("the reward nodes: naive → the data source's scorer; dapo → the same plus reward.overlong"),
     "reward_model.overlong_buffer.enable" => Mapped("nodes.overlong (reward.overlong)"),
     "reward_model.overlong_buffer.len" => Mapped("nodes.overlong.len"),
@@ -307,7 +308,8 @@ rules! {
     "reward.reward_manager.module.name" => NoEffect("only read with reward.reward_manager.module.path"),
     "reward.custom_reward_function.path" => Only("null", "a Python reward function: run it as an `exec` node (docs/exec-protocol.md)"),
     "reward.custom_reward_function.name" => NoEffect("only read with reward.custom_reward_function.path"),
-    "reward.reward_model.enable" => Only("false", "a learned reward model is not supported yet: rewards are rule-based"),
+    "reward.reward_model.enable" => Mapped("nodes.reward = reward.model when reward.reward_model.model_path holds a score head (else not carried over: a generative reward model needs a reward.judge)"),
+    "reward.reward_model.model_path" => Mapped("models.reward_model.path (with reward.reward_model.enable)"),
     "reward.reward_model.**" => NoEffect("only read with reward.reward_model.enable"),
     "reward.sandbox_fusion.url" => Only("null", "sandboxed code-execution rewards are not supported"),
     "reward.sandbox_fusion.**" => NoEffect("only read with reward.sandbox_fusion.url"),

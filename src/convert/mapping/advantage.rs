@@ -62,6 +62,9 @@ pub(super) fn remax_baseline(m: &mut Mapper, p: &Plan, reward_kind: &str) {
     );
     m.sections.push(b);
     let mut br = Section::node("baseline_reward", reward_kind, "");
+    if reward_kind == "reward.model" {
+        br.set("model", t_str("reward_model"), "");
+    }
     br.inputs(&[("rollouts", "baseline.rollouts")]);
     m.sections.push(br);
 }

@@ -60,9 +60,77 @@ fn reward_kind(files: &[String]) -> Option<&'static str> {
         .then_some("reward.geo3k")
 }
 
+/// verl's reward model, when the configuration enables one: the key that enables it and the
+/// model's path (`reward.reward_model.*`, or the older `reward_model.*`).
+fn reward_model(m: &Mapper) -> Option<(&'static str, Option<String>)> {
+    if m.flag("reward.reward_model.enable") {
+        return Some((
+            "reward.reward_model.enable",
+            m.text("reward.reward_model.model_path"),
+        ));
+    }
+    m.flag("reward_model.enable")
+        .then(|| ("reward_model.enable", m.text("reward_model.model.path")))
+}
+
+/// `[models.reward_model]` and `[nodes.reward]` of kind `reward.model` for verl's reward model
+/// when its directory holds a score head (a discriminative model, whose score replaces the
+/// rule reward as verl's `rm_scores` do); `None`, with a note, when it does not or cannot be
+/// read here: a generative reward model's verdict format lives in its reward loop, which the
+/// converter cannot see.
+fn reward_model_sections(m: &mut Mapper, key: &str, path: Option<String>) -> Option<[Section; 2]> {
+    let Some(path) = path else {
+        m.not_carried(key, "no model path is given: the rule reward is written");
+        return None;
+    };
+    let dir = flowrl_models::hub::resolve_model_path(std::path::Path::new(&path));
+    match dir.as_deref().map(flowrl_models::value_head::stored_head) {
+        Ok(Ok(Some(_))) => {}
+        Ok(Ok(None)) => {
+            m.not_carried(
+                key,
+                format!(
+                    "{path} has no score head (value_head.safetensors or score.weight): a \
+                     generative reward model's verdicts depend on its reward loop; write a \
+                     reward.judge with its prompt template instead. The rule reward is written"
+                ),
+            );
+            return None;
+        }
+        _ => {
+            m.not_carried(
+                key,
+                format!(
+                    "{path} cannot be read here to tell a score-head reward model (reward.model) \
+                     from a generative one (reward.judge): convert where the model is, or write \
+                     the reward node by hand. The rule reward is written"
+                ),
+            );
+            return None;
+        }
+    }
+    let mut model = Section::new("models.reward_model");
+    model.set("path", t_str(&path), "reward model path");
+    model.set("value_head", "true".into(), "a score head in the directory");
+    model.set("trainable", "false".into(), "");
+    let mut node = Section::node("reward", "reward.model", key);
+    node.set("model", t_str("reward_model"), "");
+    node.inputs(&[("rollouts", "rollout.rollouts")]);
+    Some([model, node])
+}
+
 /// `[nodes.reward]`, then `[nodes.overlong]` and `[nodes.filter]` when the plan has them;
 /// returns where the scores and rollouts are read from after them.
 pub(super) fn reward(m: &mut Mapper, p: &Plan) -> Wiring {
+    let model_sections = match reward_model(m) {
+        Some((key, path)) => reward_model_sections(m, key, path),
+        None => None,
+    };
+    if let Some([model, node]) = model_sections {
+        m.sections.push(model);
+        m.sections.push(node);
+        return finish_reward(m, p, "reward.model");
+    }
     let reward_kind = match reward_kind(&p.train_files) {
         Some(k) => k,
         None => {
@@ -76,6 +144,11 @@ pub(super) fn reward(m: &mut Mapper, p: &Plan) -> Wiring {
     let mut reward = Section::node("reward", reward_kind, "data source's default scorer");
     reward.inputs(&[("rollouts", "rollout.rollouts")]);
     m.sections.push(reward);
+    finish_reward(m, p, reward_kind)
+}
+
+/// The shaping and filter nodes after `[nodes.reward]` of `reward_kind`.
+fn finish_reward(m: &mut Mapper, p: &Plan, reward_kind: &'static str) -> Wiring {
     let mut scores = "reward.scores".to_string();
     let mut repeat = vec!["data", "rollout", "reward"];
     if let Some(prefix) = p.overlong {
