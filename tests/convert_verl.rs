@@ -834,8 +834,14 @@ fn a_reward_model_with_a_score_head_converts_to_reward_model() {
     let (text, t, _) = convert(&input, dir.path(), &[]);
     assert_eq!(string(&t, "nodes.reward.kind"), "reward.model", "{text}");
     assert_eq!(string(&t, "nodes.reward.model"), "reward_model");
-    assert_eq!(string(&t, "models.reward_model.path"), head.display().to_string());
-    assert_eq!(get(&t, "models.reward_model.value_head").as_bool(), Some(true));
+    assert_eq!(
+        string(&t, "models.reward_model.path"),
+        head.display().to_string()
+    );
+    assert_eq!(
+        get(&t, "models.reward_model.value_head").as_bool(),
+        Some(true)
+    );
     validate(&dir.path().join("graph.toml"), &[]);
 
     std::fs::write(
