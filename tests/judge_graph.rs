@@ -1,7 +1,8 @@
 //! graphs/grpo_vlm_judge.toml: GRPO rewarded by a VLM judge (reward.judge) combined with the
-//! format reward (reward.combined over both nodes' scores) trains; and a judge's bad settings
-//! are errors before the run (a label of several tokens, a template without `{response}`, a
-//! context too short for prompt + response + template).
+//! format reward (reward.combined over both nodes' scores) trains, from the judge's logits or
+//! from its written verdicts; and a judge's bad settings are errors before the run (a label of
+//! several tokens, a template without `{response}`, a context too short for prompt + response +
+//! template, a verdict pattern without a capture group, an empty range).
 
 mod common;
 
@@ -45,6 +46,46 @@ fn the_judge_graph_trains_three_steps_on_the_weighted_sum() {
     }
 }
 
+#[test]
+fn a_judge_that_writes_verdicts_scores_them_and_counts_what_does_not_parse() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut args = vec![
+        "run",
+        GRAPH,
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+        "--set",
+        "nodes.judge.mode=\"generate\"",
+        "--set",
+        "nodes.judge.template=\"Question: {prompt}\\nAnswer: {response}\\nRate it from 0 to 10 in \\\\boxed{}.\"",
+        "--set",
+        "nodes.judge.range=[0, 10]",
+        "--set",
+        "nodes.judge.max_verdict_tokens=12",
+        "--set",
+        "nodes.judge.unparsable_score=0.25",
+    ];
+    args.extend_from_slice(SMALL);
+    flowrl(&args);
+    let m = &training_steps(metrics(&out))[0];
+    let num = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{k}: {m}"));
+    // 4 prompts × 4 responses; each verdict parses or is counted.
+    let (failures, parsed) = (
+        num("judge/parse_failures"),
+        num("critic/score/judge/parsed/mean"),
+    );
+    assert!((failures - 16.0 * (1.0 - parsed)).abs() < 1e-9, "{m}");
+    let judge = num("critic/score/judge/mean");
+    assert!((0.0..=1.0).contains(&judge), "{m}");
+    if failures == 16.0 {
+        // The tiny policy as a judge never boxes a number: every verdict takes the default.
+        assert!((judge - 0.25).abs() < 1e-6, "{m}");
+    }
+}
+
 /// `flowrl validate` of the judge graph with `sets`: its standard error (it must fail).
 fn refused(sets: &[&str]) -> String {
     let mut c = Command::new(BIN);
@@ -71,6 +112,16 @@ fn a_judges_bad_settings_are_errors_before_the_run() {
     let err = refused(&["nodes.judge.template=\"Is this right? {prompt}\""]);
     assert!(
         err.contains("the template has no `{response}` slot"),
+        "{err}"
+    );
+    let err = refused(&[
+        "nodes.judge.mode=\"generate\"",
+        "nodes.judge.verdict=\"Score: \\\\d+\"",
+    ]);
+    assert!(err.contains("has no capture group"), "{err}");
+    let err = refused(&["nodes.judge.mode=\"generate\"", "nodes.judge.range=[1, 1]"]);
+    assert!(
+        err.contains("`range` must be [lo, hi] with hi > lo"),
         "{err}"
     );
     let err = refused(&["nodes.data.max_prompt_length=480"]);

@@ -16,9 +16,18 @@
 //! it answers with one of the labels at all). Metrics as every reward kind's, plus
 //! `judge/seconds`.
 //!
+//! `mode = "generate"`: the judge writes a verdict instead (greedy, at most
+//! `max_verdict_tokens`, with the rollout's KV cache and sampler), and `verdict` reads it: the
+//! number in its last `\boxed{}` (`boxed`), its last number (`number`), or the first capture
+//! group of a regular expression. A number x scores clamp((x − lo) / (hi − lo), 0, 1) with
+//! `range = [lo, hi]`; a captured `positive` or `negative` label scores 1 or 0. A verdict that
+//! does not parse scores `unparsable_score` and is counted: component `parsed` (1 or 0), metric
+//! `judge/parse_failures`.
+//!
 //! The judge is any model resource — the policy's base, a frozen copy (`from = "policy"`,
 //! `frozen = true`) or another checkpoint — on its own device if its section says so.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,6 +42,7 @@ use serde::Deserialize;
 
 use crate::kinds::logprob::{Extras, token_log_probs};
 use crate::kinds::reward::support::{log_score_metrics, reward_outputs};
+use crate::kinds::rollout::{KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, sample_rollouts};
 use crate::kinds::validate;
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
@@ -68,6 +78,101 @@ struct JudgeParams {
     /// judge prompts per forward pass
     #[param(default = 16, min = 1.0)]
     micro_batch_size: usize,
+    /// `logits`: the probability of `positive` against `negative` at the answer's first token;
+    /// `generate`: a written verdict, read by `verdict`
+    #[param(one_of = &["logits", "generate"], default = "logits")]
+    mode: String,
+    /// with `generate`: `boxed` (the number in the verdict's last \boxed{}), `number` (its last
+    /// number), or a regular expression whose first capture group is read
+    #[param(default = "boxed")]
+    verdict: String,
+    /// with `generate`: the numbers a verdict gives, [lo, hi], mapped to scores 0 and 1
+    #[serde(default = "unit_range")]
+    #[param(default = serde_json::json!([0.0, 1.0]))]
+    range: Vec<f64>,
+    /// with `generate`: the score of a verdict that does not parse (counted)
+    #[param(default = 0.0)]
+    unparsable_score: f64,
+    /// with `generate`: the longest verdict, in tokens
+    #[param(default = 64, min = 1.0)]
+    max_verdict_tokens: usize,
+}
+
+fn unit_range() -> Vec<f64> {
+    vec![0.0, 1.0]
+}
+
+/// How a written verdict is read.
+#[derive(Debug, Clone)]
+enum Verdict {
+    /// The content of its last `\boxed{...}` (braces matched).
+    Boxed,
+    /// Its last number.
+    Number,
+    /// The first capture group of this expression's first match.
+    Pattern(regex::Regex),
+}
+
+impl Verdict {
+    fn parse(spec: &str) -> Result<Verdict> {
+        Ok(match spec {
+            "boxed" => Verdict::Boxed,
+            "number" => Verdict::Number,
+            pattern => {
+                let re = regex::Regex::new(pattern)
+                    .map_err(|e| anyhow::anyhow!("`verdict` is not a regular expression: {e}"))?;
+                ensure!(
+                    re.captures_len() > 1,
+                    "`verdict` = {pattern:?} has no capture group: put the part to read in \
+                     parentheses, e.g. \"Score: (\\d+)\""
+                );
+                Verdict::Pattern(re)
+            }
+        })
+    }
+
+    /// The part of `text` the verdict is in, if any.
+    fn read<'t>(&self, text: &'t str) -> Option<&'t str> {
+        match self {
+            Verdict::Boxed => last_boxed(text),
+            Verdict::Number => NUMBER.with(|re| re.find_iter(text).last().map(|m| m.as_str())),
+            Verdict::Pattern(re) => re.captures(text)?.get(1).map(|m| m.as_str()),
+        }
+    }
+}
+
+thread_local! {
+    static NUMBER: regex::Regex = regex::Regex::new(r"-?\d+(?:\.\d+)?").expect("a valid regex");
+}
+
+/// The content of the last `\boxed{...}` of `text`, braces matched, trimmed.
+fn last_boxed(text: &str) -> Option<&str> {
+    let start = text.rfind("\\boxed{")? + "\\boxed{".len();
+    let mut depth = 0usize;
+    for (i, c) in text[start..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => return Some(text[start..start + i].trim()),
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The score of the part `read` of a verdict: a label 1 or 0, a number mapped from
+/// `[lo, hi]` to [0, 1] (clamped); `None` when it is neither.
+fn verdict_score(read: &str, positive: &str, negative: &str, [lo, hi]: [f64; 2]) -> Option<f64> {
+    let read = read.trim();
+    if read == positive {
+        return Some(1.0);
+    }
+    if read == negative {
+        return Some(0.0);
+    }
+    let x: f64 = read.parse().ok()?;
+    x.is_finite()
+        .then(|| ((x - lo) / (hi - lo)).clamp(0.0, 1.0))
 }
 
 impl NodeKind for JudgeKind {
@@ -124,18 +229,36 @@ impl NodeKind for JudgeKind {
         ) && let Some(response) = rollout.max_new_tokens
             && let Ok(t) = tokenizer.encode(p.template.as_str(), false)
         {
-            let needed = prompt + response + t.len() + 1;
+            let answer = if p.mode == "generate" {
+                p.max_verdict_tokens
+            } else {
+                1
+            };
+            let needed = prompt + response + t.len() + answer;
             if needed > context {
                 out.push(ctx.error(
                     "model",
                     format!(
                         "the judge's context is {context} tokens ({of}), shorter than a judge \
                          prompt can be: {prompt_from} {prompt} + max_new_tokens {response} + \
-                         the template's {} + the label 1 = {needed}",
+                         the template's {} + the answer's {answer} = {needed}",
                         t.len()
                     ),
                 ));
             }
+        }
+        let generate = p.mode == "generate";
+        if generate {
+            if let Err(e) = Verdict::parse(&p.verdict) {
+                out.push(ctx.error("verdict", format!("{e:#}")));
+            }
+            if !matches!(p.range[..], [lo, hi] if hi > lo) {
+                out.push(ctx.error(
+                    "range",
+                    format!("`range` must be [lo, hi] with hi > lo, got {:?}", p.range),
+                ));
+            }
+            return out;
         }
         // Label words must be single tokens of the judge's tokenizer.
         for key in ["positive", "negative"] {
@@ -191,16 +314,25 @@ impl NodeKind for JudgeKind {
                 model.dir.display()
             )
         })?;
-        let labels = [
-            label_token(&encoder.tokenizer, &p.positive)?,
-            label_token(&encoder.tokenizer, &p.negative)?,
-        ];
+        let answer = match p.mode.as_str() {
+            "generate" => {
+                ensure!(
+                    matches!(p.range[..], [lo, hi] if hi > lo),
+                    "`range` must be [lo, hi] with hi > lo"
+                );
+                Answer::Verdict(Verdict::parse(&p.verdict)?)
+            }
+            _ => Answer::Labels([
+                label_token(&encoder.tokenizer, &p.positive)?,
+                label_token(&encoder.tokenizer, &p.negative)?,
+            ]),
+        };
         Ok(Box::new(JudgeNode {
             micro: MicroBatching::new(p.micro_batch_size, None)?,
             p,
             model,
             encoder,
-            labels,
+            answer,
         }))
     }
 }
@@ -227,12 +359,22 @@ fn label_token(tokenizer: &tokenizers::Tokenizer, word: &str) -> Result<u32> {
     }
 }
 
+/// Scores per response, with their named components.
+type Judged = (Vec<f32>, BTreeMap<String, Vec<f32>>);
+
+/// How the judge answers.
+enum Answer {
+    /// From the logits: the positive and the negative label's token ids.
+    Labels([u32; 2]),
+    /// A written verdict, read so.
+    Verdict(Verdict),
+}
+
 struct JudgeNode {
     p: JudgeParams,
     model: Arc<ModelResource>,
     encoder: PromptEncoder,
-    /// The positive and the negative label's token ids.
-    labels: [u32; 2],
+    answer: Answer,
     micro: MicroBatching,
 }
 
@@ -281,19 +423,21 @@ impl JudgeNode {
     }
 }
 
-impl Node for JudgeNode {
-    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
-        let start = Instant::now();
-        let rollouts = inputs.get_arc(ROLLOUTS)?;
-        let b = rollouts.len();
-        let prompts = (0..b)
-            .map(|r| self.judge_prompt(&rollouts, r))
-            .collect::<Result<Vec<_>>>()?;
+impl JudgeNode {
+    /// Scores from the logits: σ(ℓ₊ − ℓ₋) per judge prompt, with p₊ and p₋.
+    fn score_by_logits(
+        &self,
+        prompts: Arc<PromptBatch>,
+        [pos_id, neg_id]: [u32; 2],
+    ) -> Result<Judged> {
+        let b = prompts.prompts.len();
         // Two one-token "responses" per judge prompt: the positive label, then the negative.
         let judged = RolloutBatch::for_prompts(
-            Arc::new(PromptBatch::encoded_by(&self.encoder, prompts, 0)),
+            prompts,
             (0..2 * b).map(|i| i / 2).collect(),
-            (0..2 * b).map(|i| vec![self.labels[i % 2]]).collect(),
+            (0..2 * b)
+                .map(|i| vec![if i % 2 == 0 { pos_id } else { neg_id }])
+                .collect(),
             TokenMatrix::new(vec![1.0; 2 * b], 2 * b, 1)?,
             TokenMatrix::zeros(2 * b, 1),
             (0..2 * b)
@@ -323,20 +467,114 @@ impl Node for JudgeNode {
             p_pos.push(pos.exp());
             p_neg.push(neg.exp());
         }
+        let components = [
+            ("p_positive".to_string(), p_pos),
+            ("p_negative".to_string(), p_neg),
+        ]
+        .into_iter()
+        .collect();
+        Ok((scores, components))
+    }
+
+    /// Scores from written verdicts (greedy, at most `max_verdict_tokens`), read by `verdict`.
+    fn score_by_verdicts(
+        &self,
+        prompts: Arc<PromptBatch>,
+        verdict: &Verdict,
+        ctx: &mut StepContext,
+    ) -> Result<Judged> {
+        let params = RolloutParams {
+            model: self.p.model.clone(),
+            n: 1,
+            max_new_tokens: self.p.max_verdict_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            greedy: true,
+            stop: Vec::new(),
+            kv_cache_gib: KV_CACHE_GIB,
+            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
+        };
+        let verdicts = sample_rollouts(
+            &self.model,
+            &prompts,
+            &params,
+            &[],
+            &Replicas::single(self.model.device),
+            ctx,
+        )?;
+        let range = [self.p.range[0], self.p.range[1]];
+        let (mut scores, mut parsed) = (Vec::new(), Vec::new());
+        for text in &verdicts.response_text {
+            let score = verdict
+                .read(text)
+                .and_then(|v| verdict_score(v, &self.p.positive, &self.p.negative, range));
+            parsed.push(if score.is_some() { 1.0 } else { 0.0 });
+            scores.push(score.unwrap_or(self.p.unparsable_score) as f32);
+        }
+        let failures = parsed.iter().filter(|&&p| p == 0.0).count();
+        ctx.metric("judge/parse_failures", failures as f64);
+        Ok((
+            scores,
+            [("parsed".to_string(), parsed)].into_iter().collect(),
+        ))
+    }
+}
+
+impl Node for JudgeNode {
+    fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
+        let start = Instant::now();
+        let rollouts = inputs.get_arc(ROLLOUTS)?;
+        let prompts = (0..rollouts.len())
+            .map(|r| self.judge_prompt(&rollouts, r))
+            .collect::<Result<Vec<_>>>()?;
+        let prompts = Arc::new(PromptBatch::encoded_by(&self.encoder, prompts, 0));
+        let (scores, components) = match &self.answer {
+            Answer::Labels(labels) => self.score_by_logits(prompts, *labels)?,
+            Answer::Verdict(verdict) => self.score_by_verdicts(prompts, verdict, ctx)?,
+        };
         let batch = ScoreBatch {
             rollouts,
             scores,
-            components: [
-                ("p_positive".to_string(), p_pos),
-                ("p_negative".to_string(), p_neg),
-            ]
-            .into_iter()
-            .collect(),
+            components,
         };
         batch.check()?;
         log_score_metrics(ctx, &batch);
         ctx.metric("judge/seconds", start.elapsed().as_secs_f64());
         Ok(Outputs::new().with(SCORES, batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_are_read_as_their_spec_says() {
+        let unit = [0.0, 1.0];
+        let ten = [0.0, 10.0];
+        let boxed = Verdict::parse("boxed").unwrap();
+        let read = |v: &Verdict, t: &str, r: [f64; 2]| {
+            v.read(t).and_then(|x| verdict_score(x, "Yes", "No", r))
+        };
+        assert_eq!(
+            read(&boxed, "so \\boxed{7} and \\boxed{ 8 }", ten),
+            Some(0.8)
+        );
+        assert_eq!(read(&boxed, "\\boxed{Yes}", unit), Some(1.0));
+        assert_eq!(read(&boxed, "\\boxed{No}", unit), Some(0.0));
+        assert_eq!(read(&boxed, "\\boxed{maybe}", unit), None);
+        assert_eq!(read(&boxed, "no box, 5", unit), None);
+        assert_eq!(read(&boxed, "\\boxed{12}", ten), Some(1.0), "clamped");
+        let number = Verdict::parse("number").unwrap();
+        assert_eq!(read(&number, "3 of 10, final: 2.5", ten), Some(0.25));
+        assert_eq!(read(&number, "none", ten), None);
+        let pattern = Verdict::parse(r"Score: (\d+)").unwrap();
+        assert_eq!(read(&pattern, "Score: 4 (Score: 9)", ten), Some(0.4));
+        assert_eq!(read(&pattern, "score 4", ten), None);
+        let err = Verdict::parse(r"Score: \d+").unwrap_err().to_string();
+        assert!(err.contains("has no capture group"), "{err}");
+        assert!(Verdict::parse("(").is_err());
     }
 }
 
