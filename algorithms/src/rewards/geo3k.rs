@@ -50,23 +50,24 @@ pub fn format_reward(response: &str) -> f64 {
 /// mathruler `extract_boxed_content`: the stripped content of the last `\boxed{...}` with
 /// brace matching, or the literal string `"None"` if there is none or it never closes.
 pub fn extract_boxed_content(text: &str) -> String {
+    last_boxed(text).unwrap_or("None").to_string()
+}
+
+/// The stripped content of the last `\boxed{...}` of `text`, braces matched; `None` if there is
+/// none or it never closes.
+pub fn last_boxed(text: &str) -> Option<&str> {
     const OPEN: &str = "\\boxed{";
-    let Some(start) = text.rfind(OPEN) else {
-        return "None".to_string();
-    };
-    let content = &text[start + OPEN.len()..];
-    let mut depth = 0i64;
+    let content = &text[text.rfind(OPEN)? + OPEN.len()..];
+    let mut depth = 0usize;
     for (i, c) in content.char_indices() {
         match c {
             '{' => depth += 1,
+            '}' if depth == 0 => return Some(content[..i].trim()),
             '}' => depth -= 1,
             _ => {}
         }
-        if depth == -1 {
-            return content[..i].trim().to_string();
-        }
     }
-    "None".to_string()
+    None
 }
 
 /// verl geo3k `acc_reward` (with `use_boxed=True`): 1.0 when the extracted answer is graded

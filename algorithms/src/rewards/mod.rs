@@ -9,6 +9,8 @@ mod latex_text;
 pub mod simple;
 
 pub use combined::{BuiltinReward, CombinedReward, RewardFunction, RewardScore};
-pub use geo3k::{Geo3kScore, acc_reward, extract_boxed_content, format_reward, geo3k_score};
+pub use geo3k::{
+    Geo3kScore, acc_reward, extract_boxed_content, format_reward, geo3k_score, last_boxed,
+};
 pub use grader::grade_answer;
 pub use simple::{exact_match_reward, format_only_reward};

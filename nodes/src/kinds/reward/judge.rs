@@ -32,16 +32,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
+use flowrl_algorithms::rewards::last_boxed;
 use flowrl_datasets::verl::ChatMessage;
 use flowrl_datasets::{Prompt, PromptBatch, PromptEncoder};
 use flowrl_engine::{
     BuildContext, Diagnostic, Footprint, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec,
-    Params, PlanCtx, Port, PortSpec, StepContext, ValidateCtx,
+    Params, PlanCtx, PortSpec, StepContext, ValidateCtx,
 };
 use serde::Deserialize;
 
 use crate::kinds::logprob::{Extras, token_log_probs};
-use crate::kinds::reward::support::{log_score_metrics, reward_outputs};
+use crate::kinds::reward::support::{ROLLOUTS, SCORES, log_score_metrics, reward_outputs};
 use crate::kinds::rollout::{KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, sample_rollouts};
 use crate::kinds::validate;
 use crate::resources::model::ModelResource;
@@ -49,13 +50,10 @@ use crate::runtime::data_parallel::Replicas;
 use crate::sizing::{Pass, inference_footprint, planned_pass};
 use crate::train::micro_batches::{MicroBatchParams, MicroBatching};
 use crate::train::sequences::Layout;
-use crate::values::{RolloutBatch, ScoreBatch, TokenMatrix, port_types};
+use crate::values::{RolloutBatch, ScoreBatch, TokenMatrix};
 
 /// The `reward.judge` kind.
 pub struct JudgeKind;
-
-const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);
-const SCORES: Port<ScoreBatch> = Port::new("scores", port_types::SCORES);
 
 #[derive(Debug, Clone, Deserialize, Params)]
 struct JudgeParams {
@@ -143,21 +141,6 @@ impl Verdict {
 
 thread_local! {
     static NUMBER: regex::Regex = regex::Regex::new(r"-?\d+(?:\.\d+)?").expect("a valid regex");
-}
-
-/// The content of the last `\boxed{...}` of `text`, braces matched, trimmed.
-fn last_boxed(text: &str) -> Option<&str> {
-    let start = text.rfind("\\boxed{")? + "\\boxed{".len();
-    let mut depth = 0usize;
-    for (i, c) in text[start..].char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' if depth == 0 => return Some(text[start..start + i].trim()),
-            '}' => depth -= 1,
-            _ => {}
-        }
-    }
-    None
 }
 
 /// The score of the part `read` of a verdict: a label 1 or 0, a number mapped from
@@ -261,15 +244,9 @@ impl NodeKind for JudgeKind {
             return out;
         }
         // Label words must be single tokens of the judge's tokenizer.
-        for key in ["positive", "negative"] {
-            let word = if key == "positive" {
-                &p.positive
-            } else {
-                &p.negative
-            };
-            match label_token(&tokenizer, word) {
-                Ok(_) => {}
-                Err(e) => out.push(ctx.error(key, format!("{e:#}"))),
+        for (key, word) in [("positive", &p.positive), ("negative", &p.negative)] {
+            if let Err(e) = label_token(&tokenizer, word) {
+                out.push(ctx.error(key, format!("{e:#}")));
             }
         }
         if p.positive == p.negative {
