@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use flowrl_algorithms::rewards::{BuiltinReward, RewardFunction};
+use flowrl_algorithms::rewards::BuiltinReward;
 use flowrl_engine::{
     BuildContext, Diagnostic, Footprint, Graph, Inputs, Node, NodeKind, Outputs, ParamSchema,
     ParamSpec, Params, Payload, PlanCtx, Port, PortSpec, Resources, StepContext, ValidateCtx,
@@ -53,6 +53,7 @@ use crate::kinds::rollout::{
     Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
     sample_rollouts, stop_token_ids, validate_generation,
 };
+use crate::kinds::reward::support::ScoreColumns;
 use crate::kinds::sink::trajectories::{PictureFolder, trajectory_line};
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
@@ -524,45 +525,24 @@ impl EvalNode {
                 tool_users += usize::from(t.tool_calls > 0);
             }
             let scored = match &mut self.scorer {
-                Scorer::Rule(_) => None,
+                Scorer::Rule(rule) => ScoreColumns::of_rule(rule, &rollouts)?,
                 Scorer::Repeated => {
                     // The reward node's own critic/score/* would overwrite the training reward's.
                     let repeat = ctx.repeat()?;
                     repeat.report_metrics(false);
                     let got =
                         repeat.run(Outputs::new().with(ROLLOUTS, rollouts.as_ref().clone()))?;
-                    Some(got.get_arc(SCORES)?)
+                    let scores: Arc<ScoreBatch> = got.get_arc(SCORES)?;
+                    checked_columns(&scores, &rollouts)?
                 }
                 Scorer::Copy { chain, resources } => {
-                    Some(Scorer::run_copies(chain, resources, &rollouts, ctx)?)
+                    let scores = Scorer::run_copies(chain, resources, &rollouts, ctx)?;
+                    checked_columns(&scores, &rollouts)?
                 }
             };
-            if let Some(s) = &scored {
-                s.check()?;
-                anyhow::ensure!(
-                    s.rollouts.len() == rollouts.len(),
-                    "the reward node scored {} responses, eval handed it {}",
-                    s.rollouts.len(),
-                    rollouts.len()
-                );
-            }
             for r in 0..rollouts.len() {
-                let (score, components) = match &scored {
-                    Some(s) => (
-                        s.scores[r] as f64,
-                        s.components
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v[r] as f64))
-                            .collect(),
-                    ),
-                    None => {
-                        let Scorer::Rule(rule) = &self.scorer else {
-                            unreachable!("only a rule leaves the responses unscored")
-                        };
-                        let s = rule.score(&rollouts.response_text[r], &rollouts.ground_truth[r]);
-                        (s.score, s.components)
-                    }
-                };
+                let score = scored.scores[r];
+                let components = scored.row(r);
                 let acc = components
                     .iter()
                     .find(|(name, _)| name == "acc")
@@ -703,6 +683,18 @@ fn log_generations(generations: &[LoggedResponse], ctx: &mut StepContext) -> Res
         }
     }
     Ok(())
+}
+
+/// The scores a reward node gave the responses of `rollouts`, checked to be theirs in number.
+fn checked_columns(scored: &ScoreBatch, rollouts: &RolloutBatch) -> Result<ScoreColumns> {
+    scored.check()?;
+    anyhow::ensure!(
+        scored.rollouts.len() == rollouts.len(),
+        "the reward node scored {} responses, eval handed it {}",
+        scored.rollouts.len(),
+        rollouts.len()
+    );
+    Ok(ScoreColumns::of_batch(scored))
 }
 
 /// `batch` in consecutive pieces of at most `size` prompts.

@@ -49,7 +49,9 @@ use flowrl_engine::{
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::kinds::reward::support::{ROLLOUTS, SCORES, log_score_metrics, reward_outputs};
+use crate::kinds::reward::support::{
+    ROLLOUTS, SCORES, ScoreColumns, log_score_metrics, reward_outputs,
+};
 use crate::values::{RolloutBatch, ScoreBatch};
 
 /// The `reward.combined` kind.
@@ -389,39 +391,19 @@ struct TermScores {
 impl TermScores {
     /// The scores on input `name`.
     fn of_input(name: &str, batch: &ScoreBatch) -> TermScores {
-        let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect();
+        let ScoreColumns { scores, components } = ScoreColumns::of_batch(batch);
         TermScores {
             name: name.to_string(),
             origin: format!("input `{name}`"),
             rollouts: batch.rollouts.clone(),
-            scores: widen(&batch.scores),
-            components: batch
-                .components
-                .iter()
-                .map(|(k, v)| (k.clone(), widen(v)))
-                .collect(),
+            scores,
+            components,
         }
     }
 
     /// `rule`'s scores of every response of `rollouts` against its ground truth.
     fn of_rule(rule: BuiltinReward, rollouts: Arc<RolloutBatch>) -> Result<TermScores> {
-        rollouts.check()?;
-        let mut scores = Vec::with_capacity(rollouts.len());
-        let mut components: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for (i, (text, truth)) in rollouts
-            .response_text
-            .iter()
-            .zip(&rollouts.ground_truth)
-            .enumerate()
-        {
-            let s = rule.score(text, truth);
-            scores.push(s.score);
-            for (name, v) in s.components {
-                components
-                    .entry(name)
-                    .or_insert_with(|| vec![0.0; rollouts.len()])[i] = v;
-            }
-        }
+        let ScoreColumns { scores, components } = ScoreColumns::of_rule(&rule, &rollouts)?;
         Ok(TermScores {
             name: rule.name().to_string(),
             origin: format!("rule `{}` on input `{}`", rule.name(), ROLLOUTS.name()),

@@ -40,31 +40,74 @@ pub(crate) fn reward_outputs() -> Vec<PortSpec> {
 
 /// Scores every response of `rollouts` against its ground truth.
 pub fn score_rollouts(f: &dyn RewardFunction, rollouts: Arc<RolloutBatch>) -> Result<ScoreBatch> {
-    rollouts.check()?;
-    let mut scores = Vec::with_capacity(rollouts.len());
-    let mut components: BTreeMap<String, Vec<f32>> = BTreeMap::new();
-    for (i, (text, truth)) in rollouts
-        .response_text
-        .iter()
-        .zip(&rollouts.ground_truth)
-        .enumerate()
-    {
-        let s = f.score(text, truth);
-        scores.push(s.score as f32);
-        for (name, v) in s.components {
-            let column = components
-                .entry(name)
-                .or_insert_with(|| vec![0.0; rollouts.len()]);
-            column[i] = v as f32;
-        }
-    }
+    let rule = ScoreColumns::of_rule(f, &rollouts)?;
+    let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
     let batch = ScoreBatch {
         rollouts,
-        scores,
-        components,
+        scores: narrow(rule.scores),
+        components: rule
+            .components
+            .into_iter()
+            .map(|(name, v)| (name, narrow(v)))
+            .collect(),
     };
     batch.check()?;
     Ok(batch)
+}
+
+/// Scores of a batch of responses and their components, in f64: as a rule computes them (a
+/// combination weighs them, and `eval` averages them, before anything is rounded to f32), or
+/// widened from a [`ScoreBatch`].
+pub(crate) struct ScoreColumns {
+    /// One per response.
+    pub scores: Vec<f64>,
+    /// Each component, one value per response (0 where a rule reports none for a response).
+    pub components: BTreeMap<String, Vec<f64>>,
+}
+
+impl ScoreColumns {
+    /// `f`'s score of every response of `rollouts` against its ground truth.
+    pub fn of_rule(f: &dyn RewardFunction, rollouts: &RolloutBatch) -> Result<ScoreColumns> {
+        rollouts.check()?;
+        let mut scores = Vec::with_capacity(rollouts.len());
+        let mut components: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for (i, (text, truth)) in rollouts
+            .response_text
+            .iter()
+            .zip(&rollouts.ground_truth)
+            .enumerate()
+        {
+            let s = f.score(text, truth);
+            scores.push(s.score);
+            for (name, v) in s.components {
+                components
+                    .entry(name)
+                    .or_insert_with(|| vec![0.0; rollouts.len()])[i] = v;
+            }
+        }
+        Ok(ScoreColumns { scores, components })
+    }
+
+    /// The scores and components of `batch`, widened.
+    pub fn of_batch(batch: &ScoreBatch) -> ScoreColumns {
+        let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect();
+        ScoreColumns {
+            scores: widen(&batch.scores),
+            components: batch
+                .components
+                .iter()
+                .map(|(k, v)| (k.clone(), widen(v)))
+                .collect(),
+        }
+    }
+
+    /// Response `r`'s components, by name.
+    pub fn row(&self, r: usize) -> Vec<(String, f64)> {
+        self.components
+            .iter()
+            .map(|(k, v)| (k.clone(), v[r]))
+            .collect()
+    }
 }
 
 fn mean_max_min(v: &[f32]) -> Option<(f64, f64, f64)> {
