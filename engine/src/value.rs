@@ -29,8 +29,13 @@ pub struct Payload {
 
 impl Payload {
     pub fn new<T: Any + Send + Sync + Serialize>(value: T) -> Self {
+        Self::shared(Arc::new(value))
+    }
+
+    /// A value already shared (no copy).
+    pub fn shared<T: Any + Send + Sync + Serialize>(value: Arc<T>) -> Self {
         Payload {
-            data: Arc::new(value),
+            data: value,
             type_name: std::any::type_name::<T>(),
             to_json: Some(|any| {
                 any.downcast_ref::<T>()
@@ -191,6 +196,17 @@ impl Outputs {
     ) -> Self {
         self.values
             .insert(port.port_name().to_string(), Payload::new(value));
+        self
+    }
+
+    /// [`Outputs::with`] of a value already shared (no copy).
+    pub fn with_arc<T: Any + Send + Sync + Serialize>(
+        mut self,
+        port: impl PortName<T>,
+        value: Arc<T>,
+    ) -> Self {
+        self.values
+            .insert(port.port_name().to_string(), Payload::shared(value));
         self
     }
 

@@ -530,8 +530,7 @@ impl EvalNode {
                     // The reward node's own critic/score/* would overwrite the training reward's.
                     let repeat = ctx.repeat()?;
                     repeat.report_metrics(false);
-                    let got =
-                        repeat.run(Outputs::new().with(ROLLOUTS, rollouts.as_ref().clone()))?;
+                    let got = repeat.run(Outputs::new().with_arc(ROLLOUTS, rollouts.clone()))?;
                     let scores: Arc<ScoreBatch> = got.get_arc(SCORES)?;
                     checked_columns(&scores, &rollouts)?
                 }

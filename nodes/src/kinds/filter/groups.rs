@@ -248,9 +248,8 @@ impl Node for FilterGroupsNode {
         let batch = ScoreBatch::gather(&parts)?;
         ctx.metric("train/num_gen_batches", num_gen_batches as f64);
         log_score_metrics(ctx, &batch);
-        let rollouts: Arc<RolloutBatch> = batch.rollouts.clone();
         Ok(Outputs::new()
-            .with(ROLLOUTS, (*rollouts).clone())
+            .with_arc(ROLLOUTS, batch.rollouts.clone())
             .with(SCORES, batch))
     }
 }
