@@ -111,10 +111,7 @@ impl NodeKind for ValueKind {
             p.model
         );
         Ok(Box::new(ValueNode {
-            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
-            micro: p.micro.micro_batching(MICRO_BATCH_SIZE)?,
-            layout: p.micro.layout(),
-            model,
+            pass: ValuePass::new(model, &p.micro, MICRO_BATCH_SIZE, ctx)?,
         }))
     }
 }
@@ -139,24 +136,58 @@ pub(crate) fn value_model_diagnostics(ctx: &ValidateCtx, key: &str) -> Option<Di
     })
 }
 
-struct ValueNode {
-    replicas: Replicas,
+/// A value model's forward pass as the `value` and `reward.model` nodes run it: the model, the
+/// micro-batches and layout of the node's parameters, and the devices the rows are split over.
+pub(crate) struct ValuePass {
+    pub(crate) model: Arc<ModelResource>,
     micro: MicroBatching,
     layout: Layout,
-    model: Arc<ModelResource>,
+    replicas: Replicas,
+}
+
+impl ValuePass {
+    /// The pass of node `ctx.node` over `model` with its micro-batch parameters (`default`
+    /// responses per micro-batch unless they say otherwise).
+    pub(crate) fn new(
+        model: Arc<ModelResource>,
+        micro: &MicroBatchParams,
+        default: usize,
+        ctx: &BuildContext,
+    ) -> Result<ValuePass> {
+        Ok(ValuePass {
+            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
+            micro: micro.micro_batching(default)?,
+            layout: micro.layout(),
+            model,
+        })
+    }
+
+    /// Warns when a response of `rollouts` alone is over the micro-batches' token budget.
+    pub(crate) fn warn_oversized(&self, rollouts: &RolloutBatch, ctx: &mut StepContext) {
+        self.micro.warn_oversized(rollouts, ctx);
+    }
+
+    /// [`token_values`] of `rollouts`.
+    pub(crate) fn values(&self, rollouts: &RolloutBatch) -> Result<TokenValues> {
+        token_values(
+            &self.model,
+            rollouts,
+            self.micro,
+            self.layout,
+            &self.replicas,
+        )
+    }
+}
+
+struct ValueNode {
+    pass: ValuePass,
 }
 
 impl Node for ValueNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let rollouts = inputs.get_arc(ROLLOUTS)?;
-        self.micro.warn_oversized(&rollouts, ctx);
-        let out = token_values(
-            &self.model,
-            &rollouts,
-            self.micro,
-            self.layout,
-            &self.replicas,
-        )?;
+        self.pass.warn_oversized(&rollouts, ctx);
+        let out = self.pass.values(&rollouts)?;
         log_value_metrics(ctx, &out, &rollouts);
         Ok(Outputs::new().with(VALUES, out))
     }

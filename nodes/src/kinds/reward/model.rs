@@ -15,7 +15,7 @@
 //! neither is refused at validation and at build (a critic may start from a fresh head, a reward
 //! model may not).
 //!
-//! The forward pass is the `value` kind's ([`crate::kinds::value::token_values`], same
+//! The forward pass is the `value` kind's ([`crate::kinds::value::ValuePass`], same
 //! micro-batching, layout and data parallelism) over the responses with one token appended: the
 //! value at that extra position is the head on the hidden state of the last real token (the
 //! appended token is never attended to by earlier positions). Multi-turn rollouts (tool turns in
@@ -23,7 +23,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
 use flowrl_engine::{
@@ -35,12 +34,10 @@ use serde::Deserialize;
 
 use crate::kinds::reward::support::{ROLLOUTS, SCORES, log_score_metrics, reward_outputs};
 use crate::kinds::validate;
-use crate::kinds::value::{token_values, value_model_diagnostics};
+use crate::kinds::value::{ValuePass, value_model_diagnostics};
 use crate::resources::model::ModelResource;
-use crate::runtime::data_parallel::Replicas;
 use crate::sizing::{inference_footprint, planned_pass};
-use crate::train::micro_batches::{self, MicroBatchParams, MicroBatching};
-use crate::train::sequences::Layout;
+use crate::train::micro_batches::{self, MicroBatchParams};
 use crate::values::{RolloutBatch, ScoreBatch, TokenMatrix};
 
 /// The `reward.model` kind.
@@ -157,10 +154,7 @@ impl NodeKind for RewardModelKind {
             bail!("`{}`: model `{}`: {e}", ctx.node, p.model);
         }
         Ok(Box::new(RewardModelNode {
-            replicas: Replicas::new(&ctx.placement, &ctx.node)?,
-            micro: p.micro.micro_batching(MICRO_BATCH_SIZE)?,
-            layout: p.micro.layout(),
-            model,
+            pass: ValuePass::new(model, &p.micro, MICRO_BATCH_SIZE, ctx)?,
         }))
     }
 }
@@ -175,23 +169,14 @@ fn one_token_longer(pass: crate::sizing::Pass) -> crate::sizing::Pass {
 }
 
 struct RewardModelNode {
-    replicas: Replicas,
-    micro: MicroBatching,
-    layout: Layout,
-    model: Arc<ModelResource>,
+    pass: ValuePass,
 }
 
 impl Node for RewardModelNode {
     fn run(&mut self, inputs: &Inputs, ctx: &mut StepContext) -> Result<Outputs> {
         let rollouts = inputs.get_arc(ROLLOUTS)?;
-        self.micro.warn_oversized(&rollouts, ctx);
-        let scores = last_token_scores(
-            &self.model,
-            &rollouts,
-            self.micro,
-            self.layout,
-            &self.replicas,
-        )?;
+        self.pass.warn_oversized(&rollouts, ctx);
+        let scores = last_token_scores(&self.pass, &rollouts)?;
         let batch = ScoreBatch {
             rollouts,
             scores,
@@ -203,16 +188,10 @@ impl Node for RewardModelNode {
     }
 }
 
-/// The value head of `model` on the final hidden state of each response's last token (the last
-/// prompt token for an empty response), computed as [`token_values`] of the responses with one
-/// token appended (see the module doc).
-pub fn last_token_scores(
-    model: &ModelResource,
-    rollouts: &RolloutBatch,
-    micro: MicroBatching,
-    layout: Layout,
-    replicas: &Replicas,
-) -> Result<Vec<f32>> {
+/// The value head of `pass`'s model on the final hidden state of each response's last token
+/// (the last prompt token for an empty response), computed as [`ValuePass::values`] of the
+/// responses with one token appended (see the module doc).
+fn last_token_scores(pass: &ValuePass, rollouts: &RolloutBatch) -> Result<Vec<f32>> {
     rollouts.check()?;
     ensure!(
         rollouts.trajectories.is_empty(),
@@ -240,8 +219,9 @@ pub fn last_token_scores(
         sampling_log_probs: TokenMatrix::zeros(b, t),
         ..rollouts.clone()
     };
-    let values = token_values(model, &extended, micro, layout, replicas)
-        .with_context(|| format!("the reward model `{}`", model.name))?;
+    let values = pass
+        .values(&extended)
+        .with_context(|| format!("the reward model `{}`", pass.model.name))?;
     (0..b)
         .map(|r| {
             let v = values.values.row(r)[rollouts.response_ids[r].len()];
