@@ -477,6 +477,26 @@ fn convert(bytes: &[u8], stored: Dtype, shape: &[usize], target: DType) -> Resul
     })
 }
 
+/// A stored tensor's values as f32 (stored F32, BF16 or F16; widened exactly).
+pub(crate) fn host_f32(view: &TensorView<'_>) -> Result<Vec<f32>> {
+    let data = view.data();
+    Ok(match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        other => bail!("unsupported dtype {other:?} (expected F32, BF16 or F16)"),
+    })
+}
+
 /// The safetensors dtype a tensor of `dtype` is written as (F32, BF16 or F16).
 fn saved_dtype(dtype: DType) -> Result<Dtype> {
     Ok(match dtype {

@@ -30,7 +30,7 @@ use anyhow::{Context, Result, ensure};
 use burn::prelude::*;
 use burn::tensor::DType;
 
-use crate::checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE};
+use crate::checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, host_f32};
 use crate::layers::Linear;
 use crate::model::Model;
 use crate::weights::{Init, Precision, RandomInit, WeightSink, WeightSource, Weights, zeros_data};
@@ -125,25 +125,7 @@ fn read_f32(path: &Path, name: &str, shape: &[usize], hidden: usize) -> Result<V
         path.display(),
         t.shape()
     );
-    let bytes = t.data();
-    Ok(match t.dtype() {
-        safetensors::Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        safetensors::Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        safetensors::Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        other => anyhow::bail!(
-            "{}: {name} is {other:?}; a value head is read from F32, BF16 or F16",
-            path.display()
-        ),
-    })
+    host_f32(&t).with_context(|| format!("{}: {name}", path.display()))
 }
 
 /// The backbone of a value model stored in `dir`, its weights in `precision`: as

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail, ensure};
 use safetensors::{Dtype, SafeTensors};
 
 use super::{LoraConfig, StoredAdapter};
+use crate::checkpoint::host_f32;
 use crate::weights::normalize_name;
 
 /// The transformers module path of a checkpoint prefix (the inverse of [`normalize_name`] for the
@@ -239,21 +240,3 @@ pub fn read_peft_config(dir: &Path) -> Result<LoraConfig> {
     Ok(config)
 }
 
-fn host_f32(view: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>> {
-    let data = view.data();
-    Ok(match view.dtype() {
-        Dtype::F32 => data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => data
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => data
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => bail!("unsupported dtype {other:?} (expected F32, BF16 or F16)"),
-    })
-}

@@ -197,6 +197,16 @@ pub fn compute_view<B: burn::prelude::Backend>(model: &Model<B>, precision: Prec
     }
 }
 
+/// What a loaded model computes on top of its backbone.
+enum Top {
+    /// Its language-model head.
+    LmHead,
+    /// The LM head with LoRA adapters (the base weights frozen).
+    Lora(LoraConfig, AdapterInit),
+    /// A value head, attached after loading: the backbone is read without the head's tensors.
+    ValueHead,
+}
+
 /// A built `model` resource.
 pub struct ModelResource {
     /// The resource's name in the graph.
@@ -250,16 +260,11 @@ impl ModelResource {
         precision: Option<Precision>,
         lora: Option<(LoraConfig, AdapterInit)>,
     ) -> Result<Self> {
-        Self::load_inner(
-            name,
-            dir,
-            trainable,
-            random_seed,
-            device,
-            precision,
-            lora,
-            false,
-        )
+        let top = match lora {
+            Some((config, init)) => Top::Lora(config, init),
+            None => Top::LmHead,
+        };
+        Self::load_inner(name, dir, trainable, random_seed, device, precision, top)
     }
 
     /// [`ModelResource::load`] of a value model: the backbone read without the head's tensors of
@@ -274,21 +279,13 @@ impl ModelResource {
         precision: Option<Precision>,
         head_seed: u64,
     ) -> Result<Self> {
-        let mut model = Self::load_inner(
-            name,
-            dir,
-            trainable,
-            random_seed,
-            device,
-            precision,
-            None,
-            true,
-        )?;
+        let top = Top::ValueHead;
+        let mut model =
+            Self::load_inner(name, dir, trainable, random_seed, device, precision, top)?;
         model.attach_value_head(head_seed)?;
         Ok(model)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn load_inner(
         name: &str,
         dir: &Path,
@@ -296,8 +293,7 @@ impl ModelResource {
         random_seed: Option<u64>,
         device: DeviceSpec,
         precision: Option<Precision>,
-        lora: Option<(LoraConfig, AdapterInit)>,
-        value_model: bool,
+        top: Top,
     ) -> Result<Self> {
         ensure!(
             dir.is_dir(),
@@ -351,8 +347,8 @@ impl ModelResource {
                 None => format!("model `{name}`: loading {}", dir.display()),
                 Some(_) => format!("model `{name}`: random init from {}", dir.display()),
             };
-            let (model, lora) = match lora {
-                Some((config, init)) => {
+            let (model, lora) = match top {
+                Top::Lora(config, init) => {
                     let (model, _) = match random_seed {
                         None => Model::<B>::load_adapted(dir, &burn_device, precision, &config, init),
                         Some(seed) => Model::<B>::random_adapted(
@@ -362,10 +358,12 @@ impl ModelResource {
                     .with_context(context)?;
                     (model, Some(config))
                 }
-                None => {
+                Top::LmHead | Top::ValueHead => {
                     let weights = if trainable { Precision::F32 } else { precision };
                     let model = match random_seed {
-                        None if value_model => load_backbone::<B>(dir, &burn_device, weights),
+                        None if matches!(top, Top::ValueHead) => {
+                            load_backbone::<B>(dir, &burn_device, weights)
+                        }
                         None => Model::<B>::load_with_precision(dir, &burn_device, weights),
                         Some(seed) => Model::<B>::random_with_precision(
                             &config_json()?, &burn_device, seed, weights,
