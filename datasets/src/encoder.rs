@@ -233,10 +233,10 @@ impl PromptEncoder {
     }
 
     /// The whole flow of the module doc for one prompt. `images` are in placeholder order.
-    pub fn encode(
+    pub fn encode<P: std::borrow::Borrow<RgbImage>>(
         &self,
         messages: &[ChatMessage],
-        images: &[RgbImage],
+        images: &[P],
         multimodal: bool,
     ) -> Result<EncodedPrompt> {
         self.encode_media(messages, images, &[], multimodal)
@@ -244,10 +244,10 @@ impl PromptEncoder {
 
     /// [`Self::encode`] of a prompt with pictures and videos (each in its placeholder order); the
     /// processed inputs come back interleaved in `<image>`/`<video>` order of `messages`.
-    pub fn encode_media(
+    pub fn encode_media<P: std::borrow::Borrow<RgbImage>>(
         &self,
         messages: &[ChatMessage],
-        images: &[RgbImage],
+        images: &[P],
         videos: &[VideoFrames],
         multimodal: bool,
     ) -> Result<EncodedPrompt> {

@@ -405,7 +405,7 @@ fn overlong_row_under_each_truncation_policy() {
     let enc = text_encoder();
     let long = "How many shapes are there? ".repeat(12);
     let full = enc
-        .encode(
+        .encode::<image::RgbImage>(
             &[flowrl_datasets::ChatMessage {
                 role: "user".into(),
                 content: long,

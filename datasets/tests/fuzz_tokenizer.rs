@@ -332,7 +332,7 @@ fn regression_tojson_with_a_huge_indent_is_an_error() {
         role: "user".into(),
         content: "hi".into(),
     }];
-    let e = enc.encode(&m, &[], false).unwrap_err();
+    let e = enc.encode::<image::RgbImage>(&m, &[], false).unwrap_err();
     assert!(
         format!("{e:#}").contains("tojson: indent 100000000000 is too large"),
         "{e:#}"
@@ -356,7 +356,7 @@ fn regression_indent_and_huge_loops_run_out_of_fuel() {
             role: "user".into(),
             content: "hi".into(),
         }];
-        let e = enc.encode(&m, &[], false).unwrap_err();
+        let e = enc.encode::<image::RgbImage>(&m, &[], false).unwrap_err();
         assert!(
             format!("{e:#}").contains("rendering the chat template failed"),
             "{s}: {e:#}"

@@ -371,8 +371,8 @@ impl JudgeNode {
             .replace("{prompt}", &prompt_text.join("\n"))
             .replace("{response}", &rollouts.response_text[r])
             .replace("{ground_truth}", &rollouts.ground_truth[r]);
-        let pictures: Vec<image::RgbImage> = if self.p.images {
-            prompt.pictures.iter().map(|p| (**p).clone()).collect()
+        let pictures = if self.p.images {
+            prompt.pictures.clone()
         } else {
             Vec::new()
         };
@@ -388,7 +388,7 @@ impl JudgeNode {
             uid: format!("judge-{r}"),
             input_ids: encoded.input_ids,
             images: encoded.images,
-            pictures: pictures.into_iter().map(Arc::new).collect(),
+            pictures,
             messages,
             text: encoded.text,
             ground_truth: rollouts.ground_truth[r].clone(),
