@@ -10,7 +10,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{BIN, GRAPH, SMALL, metrics, root, small_task, training_steps};
+use common::{BIN, GRAPH, SMALL, flowrl, metrics, root, small_task, training_steps};
 use serde_json::Value;
 
 /// The default graph's reward node, which the tests replace.
@@ -109,20 +109,18 @@ fn run_one_step(graph: &str, args: &[&str]) -> Vec<Value> {
         format!("nodes.data.val_path={val}"),
     );
     let run = dir.path().join("run");
-    let out = Command::new(BIN)
-        .current_dir(root())
-        .args(["run", file.to_str().unwrap(), "--steps", "1"])
-        .args(["--out", run.to_str().unwrap()])
-        .args(["--set", &train, "--set", &val])
-        .args(SMALL)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut all = vec!["run", file.to_str().unwrap(), "--steps", "1"];
+    all.extend([
+        "--out",
+        run.to_str().unwrap(),
+        "--set",
+        &train,
+        "--set",
+        &val,
+    ]);
+    all.extend(SMALL);
+    all.extend(args);
+    flowrl(&all);
     metrics(&run)
 }
 

@@ -3,13 +3,14 @@
 //! its metrics in metrics.jsonl; a failing program stops `validate` (exit 78) and `run` (exit 1)
 //! with the node's name and the program's stderr.
 
+mod common;
+
 use serde_json::Value as Json;
 use std::path::Path;
 use std::process::{Command, Output};
 
 const GRAPH: &str = "examples/python_reward/score_rollouts.toml";
 const GRPO: &str = "examples/python_reward/grpo_python_reward.toml";
-const DEFAULT: &str = "graphs/grpo_vlm.toml";
 
 fn flowrl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flowrl"))
@@ -227,28 +228,9 @@ for line in sys.stdin:
     assert_eq!(m.lines().count(), 0, "the failed step wrote no metrics");
 }
 
-/// `flowrl graph --format json` of a graph file.
-fn graph_json(path: &str) -> Json {
-    let out = flowrl(&["graph", path, "--format", "json"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    serde_json::from_str(&text(&out.stdout)).unwrap()
-}
-
 #[test]
 fn the_grpo_example_is_the_default_graph_with_the_python_reward() {
-    let (mut ours, mut default) = (graph_json(GRPO), graph_json(DEFAULT));
-    let take_reward = |g: &mut Json| {
-        let nodes = g["nodes"].as_array_mut().unwrap();
-        let i = nodes.iter().position(|n| n["name"] == "reward").unwrap();
-        nodes.remove(i)
-    };
-    let (r_ours, r_default) = (take_reward(&mut ours), take_reward(&mut default));
-    assert_eq!(
-        ours["nodes"], default["nodes"],
-        "every other node must be as in {DEFAULT}: copy its changes into {GRPO}"
-    );
-    assert_eq!(ours["resources"], default["resources"]);
-    assert_eq!(ours["order"], default["order"]);
+    let (r_ours, r_default) = common::reward_swapped(GRPO);
     assert_eq!(r_ours["kind"], "exec");
     for key in ["inputs", "outputs", "timing_key"] {
         assert_eq!(r_ours[key], r_default[key], "the reward's {key}");

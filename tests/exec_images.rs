@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{BIN, SMALL, root, small_task, training_steps};
+use common::{BIN, SMALL, jsonl, reward_swapped, root, small_task, training_steps};
 use flowrl_datasets::images::decode_rgb;
 use flowrl_datasets::synth::{DEFAULT_SEED, IMAGE_SIZE, sample};
 use serde_json::Value as Json;
@@ -15,7 +15,6 @@ use std::process::{Command, Output};
 
 const ROLLOUTS_ONLY: &str = "examples/python_reward/score_rollouts.toml";
 const EXAMPLE: &str = "examples/python_reward/grpo_image_judge.toml";
-const DEFAULT: &str = "graphs/grpo_vlm.toml";
 
 /// Records each request with, per response, whether each picture file exists as it is read.
 const RECORDER: &str = r#"import json, os, sys
@@ -63,14 +62,6 @@ fn recorder_graph(dir: &Path) -> (String, PathBuf) {
     (path.display().to_string(), record)
 }
 
-fn records(path: &Path) -> Vec<Json> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 #[test]
 fn with_images_each_response_gets_its_prompts_pictures_and_without_them_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -90,7 +81,7 @@ fn with_images_each_response_gets_its_prompts_pictures_and_without_them_nothing(
         "nodes.reward.images=true",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let got = records(&record);
+    let got = jsonl(&record);
     assert_eq!(got.len(), 2, "one request per step");
     for (step, rec) in got.iter().enumerate() {
         let r = &rec["request"]["inputs"]["rollouts"];
@@ -155,7 +146,7 @@ fn with_images_each_response_gets_its_prompts_pictures_and_without_them_nothing(
         &data,
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    for rec in records(&record) {
+    for rec in jsonl(&record) {
         let r = &rec["request"]["inputs"]["rollouts"];
         assert!(
             r.get("images").is_none() && r.get("tool_images").is_none(),
@@ -179,27 +170,9 @@ fn keep_images_without_images_is_a_warning() {
     );
 }
 
-/// `flowrl graph --format json` of a graph file.
-fn graph_json(path: &str) -> Json {
-    let out = run(&["graph", path, "--format", "json"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    serde_json::from_str(&text(&out.stdout)).unwrap()
-}
-
 #[test]
 fn the_image_judge_example_is_the_default_graph_with_its_reward() {
-    let (mut ours, mut default) = (graph_json(EXAMPLE), graph_json(DEFAULT));
-    let take_reward = |g: &mut Json| {
-        let nodes = g["nodes"].as_array_mut().unwrap();
-        let i = nodes.iter().position(|n| n["name"] == "reward").unwrap();
-        nodes.remove(i)
-    };
-    let (r_ours, r_default) = (take_reward(&mut ours), take_reward(&mut default));
-    assert_eq!(
-        ours["nodes"], default["nodes"],
-        "every other node must be as in {DEFAULT}: copy its changes into {EXAMPLE}"
-    );
-    assert_eq!(ours["order"], default["order"]);
+    let (r_ours, r_default) = reward_swapped(EXAMPLE);
     assert_eq!(r_ours["kind"], "exec");
     for key in ["inputs", "outputs"] {
         assert_eq!(r_ours[key], r_default[key], "the reward's {key}");

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{BIN, GRAPH, SMALL, root};
+use common::{BIN, GRAPH, SMALL, jsonl, root};
 use serde_json::Value;
 
 /// A Python with the `tensorboard` package: a virtual environment under `target/`, made on first
@@ -60,14 +60,6 @@ fn read_events(dir: &Path) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 /// The default graph with a `sink.jsonl` of every value the step makes and a
 /// `sink.trajectories` of 3 sampled responses with their advantages.
 fn graph_with_sinks(dir: &Path) -> PathBuf {
@@ -108,7 +100,7 @@ fn a_tensorboard_run_reads_back_equal_to_its_metrics_with_graph_and_generations(
     common::flowrl(&args);
 
     // Every metric of every line, at its step, as TensorBoard reads it (32-bit floats).
-    let metrics = lines(&out.join("metrics.jsonl"));
+    let metrics = jsonl(&out.join("metrics.jsonl"));
     assert_eq!(metrics.len(), 3, "step 0 and two steps");
     let tb = read_events(&out.join("tensorboard"));
     let mut compared = 0;
@@ -171,7 +163,7 @@ fn a_tensorboard_run_reads_back_equal_to_its_metrics_with_graph_and_generations(
     }
 
     // The same generations as JSONL, their pictures in the run directory.
-    let generations = lines(&out.join("generations/val_step_000002.jsonl"));
+    let generations = jsonl(&out.join("generations/val_step_000002.jsonl"));
     assert_eq!(generations.len(), 4);
     for g in &generations {
         assert_eq!(g["step"], 2);
@@ -197,7 +189,7 @@ fn a_tensorboard_run_reads_back_equal_to_its_metrics_with_graph_and_generations(
     assert_eq!(first["advantages"]["advantages"]["rows"], 16);
 
     // sink.trajectories: 3 of the 16 responses, each with its advantage.
-    let sampled = lines(&out.join("rollouts/step_000001.jsonl"));
+    let sampled = jsonl(&out.join("rollouts/step_000001.jsonl"));
     assert_eq!(sampled.len(), 3);
     assert!(
         sampled.iter().all(|s| s["advantage"].is_number()),
@@ -254,5 +246,5 @@ fn a_tracker_that_cannot_write_stops_the_run_before_its_first_step() {
         err.contains(&out.join("tensorboard").display().to_string()),
         "{err}"
     );
-    assert!(!out.join("metrics.jsonl").exists() || lines(&out.join("metrics.jsonl")).is_empty());
+    assert!(!out.join("metrics.jsonl").exists() || jsonl(&out.join("metrics.jsonl")).is_empty());
 }

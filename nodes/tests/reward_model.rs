@@ -11,9 +11,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{input, root};
-use flowrl_engine::{
-    BuildContext, DeviceSpec, Inputs, Node, Placement, Registry, Resources, StepContext, compile,
-};
+use flowrl_engine::{DeviceSpec, Inputs, Registry, compile};
+use flowrl_models::weights::Precision;
 use flowrl_nodes::model_resource::ModelResource;
 use flowrl_nodes::values::{RolloutBatch, ScoreBatch, TokenMatrix};
 use serde_json::Value;
@@ -56,60 +55,22 @@ micro_batch_size = 4
     )
 }
 
-/// The graph's resources (each built by its kind, or `policy` when given) and nodes, on one CPU.
-struct Built {
-    resources: Arc<Resources>,
-    nodes: Vec<(String, anyhow::Result<Box<dyn Node>>)>,
+/// The reward model of [`MODEL`] (or of `dir`), as `graph`'s `[models.policy]` loads it.
+fn reward_model(dir: &str) -> ModelResource {
+    ModelResource::load_value_model(
+        "policy",
+        &root().join(dir),
+        false,
+        None,
+        DeviceSpec::Cpu(0),
+        Some(Precision::F32),
+        7,
+    )
+    .unwrap()
 }
 
-fn build(text: &str, policy: Option<ModelResource>) -> Built {
-    std::env::set_current_dir(root()).unwrap();
-    let registry = Registry::builtin();
-    let (graph, _) =
-        compile(&registry, "rm.toml", text, &[]).unwrap_or_else(|f| panic!("{}", f.render()));
-    let ctx = |node: &str, resources: Arc<Resources>| BuildContext {
-        node: node.to_string(),
-        device: DeviceSpec::Cpu(0),
-        placement: Placement::single(DeviceSpec::Cpu(0)),
-        seed: graph.run.seed,
-        total_steps: graph.run.steps,
-        resources,
-        run_dir: None,
-        graph: None,
-    };
-    let mut resources = Resources::default();
-    let mut policy = policy;
-    for r in &graph.resources {
-        let value = match policy.take() {
-            Some(m) => Arc::new(m) as Arc<dyn std::any::Any + Send + Sync>,
-            None => r
-                .kind
-                .build(&r.params, &ctx(&r.name, Arc::new(Resources::default())))
-                .unwrap(),
-        };
-        resources.insert(&r.name, r.kind.clone(), value);
-    }
-    let resources = Arc::new(resources);
-    let nodes = graph
-        .nodes
-        .iter()
-        .map(|n| {
-            (
-                n.name.clone(),
-                n.kind.build(&n.params, &ctx(&n.name, resources.clone())),
-            )
-        })
-        .collect();
-    Built { resources, nodes }
-}
-
-impl Built {
-    fn run(&mut self, name: &str, inputs: Inputs) -> flowrl_engine::Outputs {
-        let mut ctx = StepContext::new(name, 0, 1, 1, DeviceSpec::Cpu(0), self.resources.clone());
-        let node = self.nodes.iter_mut().find(|(n, _)| n == name).unwrap();
-        let node = node.1.as_mut().unwrap();
-        node.run(&inputs, &mut ctx).unwrap()
-    }
+fn build(policy: ModelResource) -> anyhow::Result<common::Built> {
+    common::build_over(&graph(MODEL), policy, vec![DeviceSpec::Cpu(0)])
 }
 
 #[test]
@@ -119,8 +80,8 @@ fn reward_model_scores_equal_transformers_sequence_classification() {
     )
     .unwrap();
     let cases = expected["cases"].as_array().unwrap();
-    let mut built = build(&graph(MODEL), None);
-    let out = built.run("data", Inputs::new("data"));
+    let mut built = build(reward_model(MODEL)).unwrap();
+    let (out, _) = built.run("data", 0, Inputs::new("data"));
     let prompts = common::get::<flowrl_datasets::PromptBatch>(&out, "prompts");
     let ids = |v: &Value| -> Vec<u32> {
         v.as_array()
@@ -163,8 +124,9 @@ fn reward_model_scores_equal_transformers_sequence_classification() {
         vec![false; b],
     );
     rollouts.check().unwrap();
-    let out = built.run(
+    let (out, _) = built.run(
         "rm",
+        0,
         input("rm", "rollouts", "Rollouts", Arc::new(rollouts)),
     );
     let scores = common::get::<ScoreBatch>(&out, "scores");
@@ -208,18 +170,7 @@ fn a_reward_model_without_a_stored_head_is_refused() {
         assert!(text.contains(needle), "{needle:?} not in {text}");
     }
     // At build: a value model whose head was drawn fresh.
-    let fresh = ModelResource::load_value_model(
-        "policy",
-        &root().join("assets/tiny-qwen2-vl"),
-        false,
-        None,
-        DeviceSpec::Cpu(0),
-        Some(flowrl_models::weights::Precision::F32),
-        7,
-    )
-    .unwrap();
-    let built = build(&graph(MODEL), Some(fresh));
-    let err = match &built.nodes.iter().find(|(n, _)| n == "rm").unwrap().1 {
+    let err = match build(reward_model("assets/tiny-qwen2-vl")) {
         Ok(_) => panic!("a reward model with a fresh head was built"),
         Err(e) => format!("{e:#}"),
     };

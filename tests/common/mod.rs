@@ -61,18 +61,48 @@ pub fn small_task(dir: &Path) -> (String, String) {
     (paths[0].clone(), paths[1].clone())
 }
 
+/// The lines of a JSONL file, parsed.
+pub fn jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// A run directory's metrics.jsonl without the wall-clock entries (timings, throughput).
 pub fn metrics(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            let map = v.as_object_mut().unwrap();
-            map.retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
-            v
-        })
-        .collect()
+    let mut lines = jsonl(&dir.join("metrics.jsonl"));
+    for v in &mut lines {
+        let map = v.as_object_mut().unwrap();
+        map.retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
+    }
+    lines
+}
+
+/// `flowrl graph --format json` of a graph file.
+pub fn graph_json(path: &str) -> Value {
+    serde_json::from_slice(&flowrl(&["graph", path, "--format", "json"]).stdout).unwrap()
+}
+
+/// Asserts that the graph file `example` is the default graph but for its node `reward` (the
+/// same other nodes, resources and order), and gives both graphs' `reward` nodes: the
+/// example's, then the default's.
+pub fn reward_swapped(example: &str) -> (Value, Value) {
+    let (mut ours, mut default) = (graph_json(example), graph_json(GRAPH));
+    let take_reward = |g: &mut Value| {
+        let nodes = g["nodes"].as_array_mut().unwrap();
+        let i = nodes.iter().position(|n| n["name"] == "reward").unwrap();
+        nodes.remove(i)
+    };
+    let (r_ours, r_default) = (take_reward(&mut ours), take_reward(&mut default));
+    assert_eq!(
+        ours["nodes"], default["nodes"],
+        "every other node must be as in {GRAPH}: copy its changes into {example}"
+    );
+    assert_eq!(ours["resources"], default["resources"]);
+    assert_eq!(ours["order"], default["order"]);
+    (r_ours, r_default)
 }
 
 /// The training steps' lines (step ≥ 1) of `lines`, after checking that the first line is the

@@ -239,4 +239,3 @@ pub fn read_peft_config(dir: &Path) -> Result<LoraConfig> {
         .with_context(|| format!("in {}", path.display()))?;
     Ok(config)
 }
-

@@ -48,12 +48,12 @@ use flowrl_engine::{
 use rand::Rng;
 use serde::Deserialize;
 
+use crate::kinds::reward::support::ScoreColumns;
 use crate::kinds::rollout::multi_turn::{MultiTurn, TurnParams, validate_turns};
 use crate::kinds::rollout::{
     Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
     sample_rollouts, stop_token_ids, validate_generation,
 };
-use crate::kinds::reward::support::ScoreColumns;
 use crate::kinds::sink::trajectories::{PictureFolder, trajectory_line};
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;

@@ -113,13 +113,25 @@ pub fn build_graph(
     devices: Vec<DeviceSpec>,
     precision: Option<Precision>,
 ) -> Built {
+    let policy =
+        ModelResource::load("policy", policy_dir, true, None, devices[0], precision).unwrap();
+    build_over(graph, policy, devices).unwrap()
+}
+
+/// The nodes of `graph` (whose one model resource is `policy`) over the given `policy`, on
+/// `devices[0]`, the data-parallel kinds on every device; the first node that does not build is
+/// the error.
+pub fn build_over(
+    graph: &str,
+    policy: ModelResource,
+    devices: Vec<DeviceSpec>,
+) -> anyhow::Result<Built> {
     let first = devices[0];
     std::env::set_current_dir(root()).unwrap();
     let registry = Registry::builtin();
     let (graph, _) =
         compile(&registry, "dp.toml", graph, &[]).unwrap_or_else(|f| panic!("{}", f.render()));
     let mut resources = Resources::default();
-    let policy = ModelResource::load("policy", policy_dir, true, None, first, precision).unwrap();
     resources.insert(
         "policy",
         graph.resources[0].kind.clone(),
@@ -148,10 +160,10 @@ pub fn build_graph(
                 run_dir: None,
                 graph: None,
             };
-            (n.name.clone(), n.kind.build(&n.params, &ctx).unwrap())
+            Ok((n.name.clone(), n.kind.build(&n.params, &ctx)?))
         })
-        .collect();
-    Built { resources, nodes }
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Built { resources, nodes })
 }
 
 impl Built {
