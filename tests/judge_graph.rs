@@ -131,3 +131,118 @@ fn a_judges_bad_settings_are_errors_before_the_run() {
         "{err}"
     );
 }
+
+/// The judge graph on two CPU devices, the judge (its model and its node) on `judge_device`
+/// when given: the graph file's path in `dir`.
+fn on_two_devices(dir: &std::path::Path, judge_device: Option<&str>) -> String {
+    let mut text = std::fs::read_to_string(root().join(GRAPH))
+        .unwrap()
+        .replace("device = \"auto\"", "devices = [\"cpu:0\", \"cpu:1\"]");
+    if let Some(d) = judge_device {
+        for section in ["[models.judge]", "[nodes.judge]"] {
+            text = text.replace(section, &format!("{section}\ndevice = \"{d}\""));
+        }
+    }
+    let path = dir.join(format!("judge_{}.toml", judge_device.unwrap_or("first")));
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_judge_on_its_own_device_scores_as_on_the_policys() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |graph: &str, name: &str| {
+        let out = dir.path().join(name);
+        let mut args = vec!["run", graph, "--steps", "2", "--out", out.to_str().unwrap()];
+        args.extend_from_slice(SMALL);
+        flowrl(&args);
+        let mut lines = metrics(&out);
+        for line in &mut lines {
+            line.as_object_mut().unwrap().remove("judge/seconds"); // wall clock
+        }
+        lines
+    };
+    let apart = on_two_devices(dir.path(), Some("cpu:1"));
+    let graph = common::graph_json(&apart);
+    let resources = graph["resources"].as_array().unwrap();
+    let device = |name: &str| {
+        let r = resources.iter().find(|r| r["name"] == name).unwrap();
+        r["device"].as_str().unwrap().to_string()
+    };
+    assert_eq!(
+        (device("policy"), device("judge")),
+        ("cpu:0".into(), "cpu:1".into())
+    );
+    let together = run(&on_two_devices(dir.path(), None), "together");
+    let apart = run(&apart, "apart");
+    assert_eq!(training_steps(apart.clone()).len(), 2);
+    common::assert_identical_metrics(&together, &apart, "the judge on cpu:1");
+}
+
+#[test]
+fn a_model_placed_where_it_cannot_be_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = on_two_devices(dir.path(), Some("cpu:1"));
+    let validate = |sets: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.current_dir(root()).args(["validate", &graph]);
+        for s in sets {
+            c.args(["--set", s]);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = validate(&["models.judge.device=\"cpu:2\""]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("resource `judge` is placed on cpu:2, which is not one of the run's devices [cpu:0, cpu:1]"),
+        "{err}"
+    );
+    let (code, err) = validate(&["models.policy.device=\"cpu:1\""]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("a trained model lives on the run's first device"),
+        "{err}"
+    );
+    // The node left on the first device: a warning that the plan counts its pass there.
+    let (code, err) = validate(&["nodes.judge.device=\"cpu:0\""]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("the judge runs where its model `judge` lives, on cpu:1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_plan_counts_a_judge_that_writes_verdicts_as_a_rollout() {
+    let phases = |sets: &[&str]| {
+        let mut args = vec!["plan", GRAPH, "--json"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let plan: serde_json::Value = serde_json::from_slice(&flowrl(&args).stdout).unwrap();
+        let judge = plan["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "judge" && n["kind"] == "reward.judge")
+            .unwrap()
+            .clone();
+        let names: Vec<String> = judge["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["phase"].as_str().unwrap().to_string())
+            .collect();
+        names
+    };
+    assert_eq!(phases(&[]), ["forward"]);
+    // The verdicts' prefill and their KV cache while they decode.
+    assert_eq!(
+        phases(&["nodes.judge.mode=\"generate\""]),
+        ["prefill", "decode"]
+    );
+}

@@ -122,7 +122,7 @@ pub enum Code {
     BadOverride,
     /// A CUDA device this machine or build does not have (with the number of GPUs).
     DeviceUnavailable,
-    /// A node's `device` that is not one of the run's devices.
+    /// A node's or resource's `device` that is not one of the run's devices.
     DeviceNotInRun,
     /// `[run] devices` that repeats a device, mixes CPU and CUDA, holds `auto` or is empty.
     BadDeviceList,
@@ -202,7 +202,7 @@ impl Code {
             ),
             (
                 Code::DeviceNotInRun,
-                "node placed outside the run's devices",
+                "node or resource placed outside the run's devices",
             ),
             (
                 Code::BadDeviceList,

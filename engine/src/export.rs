@@ -208,6 +208,7 @@ pub fn to_json(graph: &Graph) -> serde_json::Value {
             "name": r.name,
             "kind": r.kind.name(),
             "params": r.params.as_map(),
+            "device": r.device_in(&graph.devices).to_string(),
             "depends": r.depends.iter().map(|&d| graph.resources[d].name.clone()).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "nodes": graph.nodes.iter().enumerate().map(|(i, n)| json!({

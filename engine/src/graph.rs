@@ -86,9 +86,19 @@ pub struct GraphResource {
     pub name: String,
     pub kind: Arc<dyn ResourceKind>,
     pub params: Params,
+    /// `device = "..."` in its section (one of the run's devices); `None`: the run's first
+    /// device.
+    pub device: Option<DeviceSpec>,
     /// Resources this one refers to (built first).
     pub depends: Vec<ResourceId>,
     pub spans: SpanIndex,
+}
+
+impl GraphResource {
+    /// The device the resource is built on in a process whose devices are `run_devices`.
+    pub fn device_in(&self, run_devices: &[DeviceSpec]) -> DeviceSpec {
+        self.device.unwrap_or(run_devices[0])
+    }
 }
 
 /// The `[run]` section.

@@ -479,6 +479,14 @@ pub struct ResourceView<'a> {
 
 impl<'a> ResourceView<'a> {
     view_accessors!(resources);
+    /// The device its section names (`device = "cpu:1"`), if any.
+    pub fn pinned_device(&self) -> Option<crate::DeviceSpec> {
+        self.graph.resources[self.id].device
+    }
+    /// The device it is built on: its own, else the run's first.
+    pub fn device(&self) -> crate::DeviceSpec {
+        self.graph.resources[self.id].device_in(&self.graph.devices)
+    }
     /// Follows a resource-reference parameter (e.g. `from`) to the resource it names.
     pub fn follow(&self, key: &str) -> Option<ResourceView<'a>> {
         let name = self.params().get_str(key)?;

@@ -133,7 +133,7 @@ impl Session {
     /// (usually `graph.devices.clone()`) in the run described by `cluster` (`None`: this process
     /// is the whole run). Each node gets its [`Placement`]: a node pinned with `device` runs on
     /// that device, which must be among `devices`; a data-parallel kind runs on all of
-    /// `devices`; any other kind, and every resource, on the first.
+    /// `devices`; any other kind on the first, and a resource on its `device` or the first.
     ///
     /// When `devices` or the cluster's size differ from what the graph was compiled for, the
     /// kinds' constraints are checked again for the new replica count (and fail the build).
@@ -143,22 +143,26 @@ impl Session {
         cluster: Option<Cluster>,
         run_dir: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
-        let Some(&first) = devices.first() else {
+        if devices.is_empty() {
             bail!("a session needs at least one device");
-        };
+        }
         let world = cluster.as_ref().map_or(1, |c| c.world);
         if let Some(c) = &cluster
             && c.rank >= c.world
         {
             bail!("rank {} is not below the world size {}", c.rank, c.world);
         }
-        for n in &graph.nodes {
-            if let Some(d) = n.device
+        let pinned = graph
+            .nodes
+            .iter()
+            .map(|n| (format!("node `{}`", n.name), n.device))
+            .chain((graph.resources.iter()).map(|r| (format!("resource `{}`", r.name), r.device)));
+        for (subject, device) in pinned {
+            if let Some(d) = device
                 && !devices.contains(&d)
             {
                 bail!(
-                    "node `{}` is placed on {d}, which is not one of the session's devices [{}]",
-                    n.name,
+                    "{subject} is placed on {d}, which is not one of the session's devices [{}]",
                     device_list(&devices)
                 );
             }
@@ -189,11 +193,12 @@ impl Session {
                 .find(|&i| !built[i] && graph.resources[i].depends.iter().all(|&d| built[d]))
                 .context("resources refer to each other in a cycle")?;
             let r = &graph.resources[next];
+            let device = r.device_in(&devices);
             let ctx = BuildContext {
                 node: r.name.clone(),
-                device: first,
+                device,
                 placement: Placement {
-                    devices: vec![first],
+                    devices: vec![device],
                     cluster: cluster.clone(),
                 },
                 seed,

@@ -20,6 +20,8 @@ pub(super) struct Checked<'d> {
     /// The run's devices.
     pub devices: Vec<DeviceSpec>,
     pub resources: Vec<ResourceDraft>,
+    /// For each resource, its own `device`.
+    pub resource_devices: Vec<Option<DeviceSpec>>,
     /// For each resource, the resources it refers to.
     pub resource_deps: Vec<Vec<usize>>,
     pub nodes: Vec<NodeDraft<'d>>,
@@ -89,10 +91,12 @@ pub(super) fn graph(c: Checked<'_>, sources: SourceMap) -> Graph {
             .resources
             .into_iter()
             .zip(c.resource_deps)
-            .map(|(r, depends)| GraphResource {
+            .zip(c.resource_devices)
+            .map(|((r, depends), device)| GraphResource {
                 name: r.name,
                 kind: r.kind,
                 params: r.params,
+                device,
                 depends,
                 spans: r.spans,
             })

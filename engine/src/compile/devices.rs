@@ -1,6 +1,6 @@
 //! Stage 3, placement: the run's devices (`[run] device` or `[run] devices`: device strings,
-//! distinct, of one type, present on the target machine) and each node's `device` (present, and
-//! one of the run's devices).
+//! distinct, of one type, present on the target machine) and each node's and resource's `device`
+//! (present, and one of the run's devices).
 //!
 //! Value types were checked by the shape stage, which this stage does not report again. Which
 //! replicas run where is decided later ([`crate::placement`]); this stage only checks that the
@@ -11,6 +11,7 @@ use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::spec::{SEntry, SKind, STable};
 
 use super::nodes::NodeDraft;
+use super::resources::ResourceDraft;
 
 /// The target the devices are checked against.
 pub(super) struct Placement {
@@ -164,42 +165,68 @@ impl Placement {
         run_devices: Option<&[DeviceSpec]>,
         diags: &mut Vec<Diagnostic>,
     ) -> Vec<Option<DeviceSpec>> {
-        let mut out = Vec::with_capacity(nodes.len());
-        for n in nodes {
-            let Some((req, span)) = n.device else {
-                out.push(None);
-                continue;
-            };
-            let d = match self.machine.resolve(req) {
-                Ok(d) => d,
-                Err(why) => {
-                    let subject = format!("node `{}`", n.name);
-                    diags.push(Diagnostic::device_unavailable(&subject, req, why, span));
-                    out.push(None);
-                    continue;
-                }
-            };
-            if let Some(run) = run_devices
-                && !run.contains(&d)
-            {
-                diags.push(
-                    Diagnostic::error(
-                        Code::DeviceNotInRun,
-                        format!(
-                            "node `{}` is placed on {d}, which is not one of the run's devices [{}]",
-                            n.name,
-                            crate::device::device_list(run)
-                        ),
-                    )
-                    .at(span)
-                    .with_help(format!(
-                        "add {d} to `[run] devices`, or remove the node's `device` to run it on the run's devices"
-                    )),
-                );
+        nodes
+            .iter()
+            .map(|n| {
+                let subject = format!("node `{}`", n.name);
+                let instead = "remove the node's `device` to run it on the run's devices";
+                self.check_pinned(&subject, instead, n.device, run_devices, diags)
+            })
+            .collect()
+    }
+
+    /// Each resource's `device`, as [`Placement::check_nodes`] checks the nodes'.
+    pub fn check_resources(
+        &self,
+        resources: &[ResourceDraft],
+        run_devices: Option<&[DeviceSpec]>,
+        diags: &mut Vec<Diagnostic>,
+    ) -> Vec<Option<DeviceSpec>> {
+        resources
+            .iter()
+            .map(|r| {
+                let subject = format!("resource `{}`", r.name);
+                let instead =
+                    "remove the resource's `device` to place it on the run's first device";
+                self.check_pinned(&subject, instead, r.device, run_devices, diags)
+            })
+            .collect()
+    }
+
+    /// `subject`'s `device` (as written), resolved on the target machine and checked to be one
+    /// of the run's devices (the help's alternative: `instead`).
+    fn check_pinned(
+        &self,
+        subject: &str,
+        instead: &str,
+        device: Option<(DeviceRequest, Span)>,
+        run_devices: Option<&[DeviceSpec]>,
+        diags: &mut Vec<Diagnostic>,
+    ) -> Option<DeviceSpec> {
+        let (req, span) = device?;
+        let d = match self.machine.resolve(req) {
+            Ok(d) => d,
+            Err(why) => {
+                diags.push(Diagnostic::device_unavailable(subject, req, why, span));
+                return None;
             }
-            out.push(Some(d));
+        };
+        if let Some(run) = run_devices
+            && !run.contains(&d)
+        {
+            diags.push(
+                Diagnostic::error(
+                    Code::DeviceNotInRun,
+                    format!(
+                        "{subject} is placed on {d}, which is not one of the run's devices [{}]",
+                        crate::device::device_list(run)
+                    ),
+                )
+                .at(span)
+                .with_help(format!("add {d} to `[run] devices`, or {instead}")),
+            );
         }
-        out
+        Some(d)
     }
 
     /// `auto` on the target machine.

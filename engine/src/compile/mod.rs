@@ -128,9 +128,11 @@ pub fn compile_for(
     let resources = resources::check(registry, &doc, &mut diags);
     let nodes = nodes::check(registry, &doc, &mut diags);
     sections::check(registry, &doc, file, &mut diags);
-    // 3. Placement: the run's devices, then each node's.
+    // 3. Placement: the run's devices, then each resource's and node's.
     let placement = devices::Placement::new(target.machine);
     let run_devices = placement.check_run(&doc, &mut diags);
+    let resource_devices =
+        placement.check_resources(&resources, run_devices.as_deref(), &mut diags);
     let node_devices = placement.check_nodes(&nodes, run_devices.as_deref(), &mut diags);
     // 4. Resource references.
     let resource_deps = resource_refs::check(registry, &resources, &nodes, &mut diags);
@@ -150,6 +152,7 @@ pub fn compile_for(
             run: run.expect("run section checked"),
             devices: run_devices.expect("run devices checked"),
             resources,
+            resource_devices,
             resource_deps,
             nodes,
             node_devices,

@@ -185,8 +185,9 @@ fn kind(
     }
 }
 
-/// `device = "..."` as written (a device string other than `auto`).
-fn device(
+/// `device = "..."` of a node's or a resource's table as written (a device string other than
+/// `auto`).
+pub(super) fn device(
     t: &STable,
     what: &str,
     spans: &mut SpanIndex,
@@ -202,8 +203,8 @@ fn device(
                     d.value.span,
                 )
                 .with_help(
-                    "a node's `device` pins it to one of the run's devices (`cpu:N`, \
-                         `cuda:N`); without it the node runs on the run's devices",
+                    "`device` pins it to one of the run's devices (`cpu:N`, `cuda:N`); \
+                     without it, it is placed on the run's devices",
                 ),
             );
             None

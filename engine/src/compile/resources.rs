@@ -2,7 +2,8 @@
 //! (`[models.policy]`, say) against its kind's schema. Whether the resources that parameters name
 //! exist is the resource stage's (`resource_refs.rs`).
 
-use crate::diagnostic::Diagnostic;
+use crate::device::DeviceRequest;
+use crate::diagnostic::{Diagnostic, Span};
 use crate::graph::SpanIndex;
 use crate::params::Params;
 use crate::registry::Registry;
@@ -12,6 +13,9 @@ use std::sync::Arc;
 
 use super::schema::{ResourceRef, SchemaChecker, table_of};
 
+/// The keys of a resource section that the engine reads, not the kind: `device`.
+pub const RESOURCE_KEYS: &[&str] = &["device"];
+
 /// A resource after the shape stage.
 pub(super) struct ResourceDraft {
     pub name: String,
@@ -20,6 +24,8 @@ pub(super) struct ResourceDraft {
     pub spans: SpanIndex,
     /// The other resources its parameters name.
     pub refs: Vec<ResourceRef>,
+    /// `device = "..."` as written, with its value's span.
+    pub device: Option<(DeviceRequest, Span)>,
 }
 
 /// Every resource declared in `doc`, in file order.
@@ -55,14 +61,19 @@ pub(super) fn check(
                 ..Default::default()
             };
             let desc = format!("{} ({} resource)", what, kind.name());
-            let (params, refs) =
-                SchemaChecker::new(&desc, &mut spans, diags).check(t, &kind.params(), &[]);
+            let device = super::nodes::device(t, &what, &mut spans, diags);
+            let (params, refs) = SchemaChecker::new(&desc, &mut spans, diags).check(
+                t,
+                &kind.params(),
+                RESOURCE_KEYS,
+            );
             out.push(ResourceDraft {
                 name: e.key.clone(),
                 kind: kind.clone(),
                 params,
                 spans,
                 refs,
+                device,
             });
         }
     }

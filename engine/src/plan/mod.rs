@@ -161,9 +161,9 @@ pub fn plan(
     let mut summaries = Vec::new();
     // Resources first, in dependency order, so that a `from` copy reads its source's shape.
     let mut shapes: BTreeMap<String, Arc<dyn Any + Send + Sync>> = BTreeMap::new();
-    let first = graph.devices[0];
     for id in resource_order(graph) {
         let r = &graph.resources[id];
+        let device = r.device_in(&graph.devices);
         let ctx = PlanCtx {
             validate: ValidateCtx {
                 graph,
@@ -172,7 +172,7 @@ pub fn plan(
             shapes: &shapes,
             replicas: 1,
             local_replicas: 1,
-            device: first,
+            device,
         };
         let declared = r.kind.footprint(&ctx);
         summaries.push(summary(
@@ -187,7 +187,7 @@ pub fn plan(
                     not_sized.push(format!("resource `{}`: {u}", r.name));
                 }
                 for item in &p.footprint.resident {
-                    place(&mut resident, &r.name, "resident", item, &[first]);
+                    place(&mut resident, &r.name, "resident", item, &[device]);
                 }
                 if let Some(s) = p.shape {
                     shapes.insert(r.name.clone(), s);

@@ -489,11 +489,19 @@ impl ModelResource {
         Ok((s.inference_model(), head.valid()))
     }
 
-    /// A frozen copy of this resource's current weights, held in its compute precision (a
-    /// frozen model needs no f32 masters). Of a LoRA model: its own weights, shared, with the
-    /// adapters switched off (the base model), not a copy.
-    pub fn frozen_copy(&self, name: &str) -> Result<Self> {
+    /// A frozen copy of this resource's current weights on `device`, held in its compute
+    /// precision (a frozen model needs no f32 masters). Of a LoRA model: its own weights,
+    /// shared, with the adapters switched off (the base model), not a copy; it lives on its
+    /// source's device.
+    pub fn frozen_copy(&self, name: &str, device: DeviceSpec) -> Result<Self> {
         if self.lora.is_some() {
+            ensure!(
+                device == self.device,
+                "model `{name}`: a copy of the LoRA model `{}` is its base with the adapters off, \
+                 sharing its weights on {}: it cannot live on {device}",
+                self.name,
+                self.device
+            );
             return Ok(Self {
                 name: name.to_string(),
                 dir: self.dir.clone(),
@@ -510,12 +518,12 @@ impl ModelResource {
         on_backend!(self.backend, B => {
             let s = self.lock::<B>()?;
             let precision = s.precision;
+            let burn_device = B::device(device).with_context(|| format!("model `{name}`"))?;
             let model = compute_view(&s.model, precision).no_grad();
-            #[allow(clippy::clone_on_copy)] // the CPU's device is Copy, the GPUs' are not
-            let burn_device = s.device.clone();
+            let model = if burn_device == s.device { model } else { model.to_device(&burn_device) };
             drop(s);
             let state = ModelState::new(model, burn_device, precision);
-            Ok(Self::from_state(name, &self.dir, false, self.tokenizer.clone(), self.device, state))
+            Ok(Self::from_state(name, &self.dir, false, self.tokenizer.clone(), device, state))
         })
     }
 
@@ -836,6 +844,36 @@ impl ResourceKind for ModelKind {
                 }
             }
         }
+        if let Some(me) = ctx.resource(ctx.name())
+            && let Some(device) = me.pinned_device()
+        {
+            let lora_source = me
+                .follow("from")
+                .filter(|s| s.params().get("lora").is_some() && s.device() != device);
+            if p.from.is_none() && p.trainable != Some(false) {
+                out.push(
+                    ctx.error(
+                        "device",
+                        format!(
+                            "a trained model lives on the run's first device, where its update \
+                             runs; `device` places frozen models (a judge, a reward model, a \
+                             reference) on {device}"
+                        ),
+                    )
+                    .with_help("set `trainable = false`, or remove `device`"),
+                );
+            } else if let Some(source) = lora_source {
+                out.push(ctx.error(
+                    "device",
+                    format!(
+                        "a copy of the LoRA model `{}` is its base with the adapters off, sharing \
+                         its weights on {}: it cannot live on {device}",
+                        source.name(),
+                        source.device()
+                    ),
+                ));
+            }
+        }
         if p.lora.is_some() && p.value_head {
             out.push(ctx.error(
                 "value_head",
@@ -1057,7 +1095,7 @@ impl ResourceKind for ModelKind {
             }
             (None, Some(from)) => {
                 let source = ctx.resource::<ModelResource>(&from)?;
-                source.frozen_copy(&ctx.node)?
+                source.frozen_copy(&ctx.node, ctx.device)?
             }
             _ => bail!(
                 "model `{}` needs exactly one of `path` and `from`",

@@ -24,8 +24,10 @@
 //! does not parse scores `unparsable_score` and is counted: component `parsed` (1 or 0), metric
 //! `judge/parse_failures`.
 //!
-//! The judge is any model resource — the policy's base, a frozen copy (`from = "policy"`,
-//! `frozen = true`) or another checkpoint — on its own device if its section says so.
+//! The judge is any model resource — the policy's base, a frozen copy (`from = "policy"`) or
+//! another checkpoint — and runs where that model lives: on its own device when its section
+//! says so (`device = "cuda:1"` in `[models.judge]`, the judge node pinned there too, which
+//! validation asks for), while the policy trains on the others.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -43,11 +45,14 @@ use serde::Deserialize;
 
 use crate::kinds::logprob::{Extras, token_log_probs};
 use crate::kinds::reward::support::{ROLLOUTS, SCORES, log_score_metrics, reward_outputs};
-use crate::kinds::rollout::{KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, sample_rollouts};
+use crate::kinds::rollout::{
+    Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
+    sample_rollouts,
+};
 use crate::kinds::validate;
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
-use crate::sizing::{Pass, inference_footprint, planned_pass};
+use crate::sizing::{Pass, Prompts, inference_footprint, planned_pass};
 use crate::train::micro_batches::{MicroBatchParams, MicroBatching};
 use crate::train::sequences::Layout;
 use crate::values::{RolloutBatch, ScoreBatch, TokenMatrix};
@@ -197,6 +202,22 @@ impl NodeKind for JudgeKind {
                  (slots: {prompt}, {response}, {ground_truth})",
             ));
         }
+        if let Some(model) = ctx.resource_param("model")
+            && let Some(id) = ctx.graph().node_id(ctx.name())
+            && let node = ctx.graph().node_devices(id)[0]
+            && node != model.device()
+        {
+            let d = model.device();
+            out.push(ctx.warning(
+                "model",
+                format!(
+                    "the judge runs where its model `{}` lives, on {d}, but the node is placed on \
+                     {node}: the plan counts its pass on {node}; pin the node with `device = \
+                     \"{d}\"`",
+                    model.name()
+                ),
+            ));
+        }
         let Some(dir) = ctx.resource_param("model").and_then(validate::model_dir) else {
             return out;
         };
@@ -255,9 +276,10 @@ impl NodeKind for JudgeKind {
         out
     }
 
-    /// A forward pass of the judge over two rows per response (the two labels), each its judge
-    /// prompt: the upstream prompt and response plus the template (counted as its bytes, an
-    /// upper bound on its tokens), one response position.
+    /// Each judge prompt is the upstream prompt and response plus the template (counted as its
+    /// bytes, an upper bound on its tokens). `logits`: a forward pass over two rows per response
+    /// (the two labels), one response position. `generate`: a greedy rollout of the judge
+    /// prompts, `max_verdict_tokens` each, with the rollout's KV-cache and prefill budgets.
     fn footprint(&self, ctx: &PlanCtx) -> Option<Footprint> {
         let p = ctx.parse::<JudgeParams>().ok()?;
         let mut f = Footprint::default();
@@ -269,6 +291,16 @@ impl NodeKind for JudgeKind {
         let Some((m, pass, prompts)) = planned_pass(ctx, &mut f, &micro, None) else {
             return Some(f);
         };
+        if p.mode == "generate" {
+            let judge_prompts = Prompts {
+                per_step: pass.rows,
+                len: pass.len + p.template.len(),
+                ..prompts
+            };
+            let generation = Generation::of(&verdict_rollout(&p), judge_prompts);
+            generation_footprint(&mut f, &m, ctx, generation);
+            return Some(f);
+        }
         let pass = Pass {
             rows: 2 * pass.rows,
             replica_rows: 2 * pass.replica_rows,
@@ -311,6 +343,23 @@ impl NodeKind for JudgeKind {
             encoder,
             answer,
         }))
+    }
+}
+
+/// How the judge writes its verdicts: greedy, one per judge prompt, at most
+/// `max_verdict_tokens`, with the rollout's default budgets.
+fn verdict_rollout(p: &JudgeParams) -> RolloutParams {
+    RolloutParams {
+        model: p.model.clone(),
+        n: 1,
+        max_new_tokens: p.max_verdict_tokens,
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: -1,
+        greedy: true,
+        stop: Vec::new(),
+        kv_cache_gib: KV_CACHE_GIB,
+        max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
     }
 }
 
@@ -460,22 +509,10 @@ impl JudgeNode {
         verdict: &Verdict,
         ctx: &mut StepContext,
     ) -> Result<Judged> {
-        let params = RolloutParams {
-            model: self.p.model.clone(),
-            n: 1,
-            max_new_tokens: self.p.max_verdict_tokens,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            greedy: true,
-            stop: Vec::new(),
-            kv_cache_gib: KV_CACHE_GIB,
-            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
-        };
         let verdicts = sample_rollouts(
             &self.model,
             &prompts,
-            &params,
+            &verdict_rollout(&self.p),
             &[],
             &Replicas::single(self.model.device),
             ctx,
