@@ -431,57 +431,54 @@ struct Sums {
     skipped: u64,
 }
 
-/// Sums over micro-batches (added up over replicas by the all-reduce): the mini-batch's policy
-/// and KL losses (each micro-batch's share of the globally normalised loss) and the sums of the
-/// per-micro-batch metrics, with the micro-batch count.
-#[derive(Default, Clone, Copy)]
-struct MicroSums {
-    pg_loss: f64,
-    kl_loss: f64,
-    clipfrac: f64,
-    clipfrac_lower: f64,
-    ppo_kl: f64,
-    entropy: f64,
-    count: f64,
+/// Declares [`MicroSums`] from one list of its fields: the struct, its flattening for the
+/// all-reduce and back, and the sum of two.
+macro_rules! micro_sums {
+    ($($(#[$doc:meta])* $field:ident),+ $(,)?) => {
+        /// Sums over micro-batches (added up over replicas by the all-reduce): the mini-batch's
+        /// policy and KL losses (each micro-batch's share of the globally normalised loss) and
+        /// the sums of the per-micro-batch metrics, with the micro-batch count.
+        #[derive(Default, Clone, Copy)]
+        struct MicroSums {
+            $($(#[$doc])* $field: f64,)+
+        }
+
+        impl MicroSums {
+            /// How many numbers [`MicroSums::to_vec`] gives.
+            const LEN: usize = [$(stringify!($field)),+].len();
+
+            fn to_vec(self) -> Vec<f64> {
+                vec![$(self.$field),+]
+            }
+
+            fn from_slice(v: &[f64]) -> Result<Self> {
+                ensure!(
+                    v.len() == Self::LEN,
+                    "expected {} update statistics, got {}",
+                    Self::LEN,
+                    v.len()
+                );
+                let mut values = v.iter().copied();
+                Ok(MicroSums {
+                    $($field: values.next().expect("length checked"),)+
+                })
+            }
+
+            fn add(&mut self, o: &MicroSums) {
+                $(self.$field += o.$field;)+
+            }
+        }
+    };
 }
 
-impl MicroSums {
-    fn to_vec(self) -> Vec<f64> {
-        vec![
-            self.pg_loss,
-            self.kl_loss,
-            self.clipfrac,
-            self.clipfrac_lower,
-            self.ppo_kl,
-            self.entropy,
-            self.count,
-        ]
-    }
-
-    fn from_slice(v: &[f64]) -> Result<Self> {
-        ensure!(
-            v.len() == 7,
-            "expected 7 update statistics, got {}",
-            v.len()
-        );
-        Ok(MicroSums {
-            pg_loss: v[0],
-            kl_loss: v[1],
-            clipfrac: v[2],
-            clipfrac_lower: v[3],
-            ppo_kl: v[4],
-            entropy: v[5],
-            count: v[6],
-        })
-    }
-
-    fn add(&mut self, o: &MicroSums) {
-        self.clipfrac += o.clipfrac;
-        self.clipfrac_lower += o.clipfrac_lower;
-        self.ppo_kl += o.ppo_kl;
-        self.entropy += o.entropy;
-        self.count += o.count;
-    }
+micro_sums! {
+    pg_loss,
+    kl_loss,
+    clipfrac,
+    clipfrac_lower,
+    ppo_kl,
+    entropy,
+    count,
 }
 
 impl Node for PpoUpdateNode {
