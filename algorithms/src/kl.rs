@@ -45,7 +45,26 @@ pub struct KlEstimator {
     pub straight_through: bool,
 }
 
-const KL_NAMES: &str = "kl, k1, abs, mse, k2, low_var_kl, k3 (each optionally with a '+' suffix)";
+impl KlEstimator {
+    /// Every name [`KlEstimator::from_str`] accepts: verl's `kl_loss_type` names, then their
+    /// straight-through `+` variants.
+    pub const NAMES: [&'static str; 14] = [
+        "kl",
+        "k1",
+        "abs",
+        "mse",
+        "k2",
+        "low_var_kl",
+        "k3",
+        "kl+",
+        "k1+",
+        "abs+",
+        "mse+",
+        "k2+",
+        "low_var_kl+",
+        "k3+",
+    ];
+}
 
 impl FromStr for KlEstimator {
     type Err = AlgoError;
@@ -69,7 +88,10 @@ impl FromStr for KlEstimator {
                 return Err(AlgoError::Unknown {
                     kind: "kl_penalty",
                     name: s.to_string(),
-                    expected: KL_NAMES.to_string(),
+                    expected: format!(
+                        "{} (each optionally with a '+' suffix)",
+                        Self::NAMES[..Self::NAMES.len() / 2].join(", ")
+                    ),
                 });
             }
         };
@@ -125,4 +147,24 @@ pub fn kl_reward_penalty<B: Backend>(
     )?;
     let kl = kl_penalty(logprob.detach(), ref_logprob.detach(), estimator)?;
     Ok(kl.mul(response_mask))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_name_parses_and_the_unknown_ones_are_told_the_list() {
+        for name in KlEstimator::NAMES {
+            let e: KlEstimator = name.parse().unwrap();
+            assert_eq!(e.straight_through, name.ends_with('+'), "{name}");
+        }
+        let err = "k4".parse::<KlEstimator>().unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "kl, k1, abs, mse, k2, low_var_kl, k3 (each optionally with a '+' suffix)"
+            ),
+            "{err}"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 //! grad clipping, warm-up, schedule), the policy loss and the options it reads, the KL loss,
 //! entropy bonus and vision-tower freezing.
 
+use flowrl_algorithms::kl::KlEstimator;
 use flowrl_algorithms::policy_loss::PolicyLossMode;
 
 use super::mapper::{Mapper, t_f64, t_str};
@@ -117,9 +118,7 @@ fn kl_loss(m: &mut Mapper, u: &mut Section) {
     let estimator = m
         .text(&format!("{ACTOR}.kl_loss_type"))
         .unwrap_or_else(|| "low_var_kl".into());
-    // update.ppo's `kl.estimator` names (verl's kl_loss_type, "+" = straight-through).
-    const KL: &[&str] = &["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"];
-    let supported = KL.contains(&estimator.trim_end_matches('+'));
+    let supported = KlEstimator::NAMES.contains(&estimator.as_str());
     if !supported {
         m.not_carried(
             &format!("{ACTOR}.kl_loss_type"),

@@ -96,29 +96,11 @@ pub struct PpoUpdateKind;
 const OLD_LOG_PROBS: Port<TokenLogProbs> = Port::new("old_log_probs", port_types::TOKEN_LOG_PROBS);
 const REF_LOG_PROBS: Port<TokenLogProbs> = Port::new("ref_log_probs", port_types::TOKEN_LOG_PROBS);
 
-/// The KL estimators by verl's names (`kl_loss_type`), as `kl.estimator` accepts them.
-const KL_ESTIMATORS: &[&str] = &[
-    "kl",
-    "k1",
-    "abs",
-    "mse",
-    "k2",
-    "low_var_kl",
-    "k3",
-    "kl+",
-    "k1+",
-    "abs+",
-    "mse+",
-    "k2+",
-    "low_var_kl+",
-    "k3+",
-];
-
 #[derive(Debug, Clone, Copy, Deserialize, Params)]
 struct KlParams {
     /// KL estimator (verl kl_loss_type)
     #[serde(deserialize_with = "flowrl_engine::params::by_name")]
-    #[param(one_of = KL_ESTIMATORS, default = "low_var_kl")]
+    #[param(one_of = &KlEstimator::NAMES, default = "low_var_kl")]
     estimator: KlEstimator,
     /// KL loss coefficient (verl kl_loss_coef)
     #[param(default = 0.001, min = 0.0)]
