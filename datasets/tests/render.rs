@@ -234,6 +234,40 @@ fn inspect_reports_schema_counts_and_rendered_rows() {
     );
 }
 
+/// The picture `expected` (gemma4_chat's expected.json) was made from: the image of a processor
+/// case among the model fixtures (`kind = "processor_only"`) with the same prompt, expanded ids
+/// and soft-token count, found by content, never by case name.
+fn gemma4_chat_picture(expected: &Value) -> PathBuf {
+    let models = fixtures().join("../models");
+    let mut found = Vec::new();
+    for family in std::fs::read_dir(&models).unwrap() {
+        for case in std::fs::read_dir(family.unwrap().path()).unwrap() {
+            let dir = case.unwrap().path();
+            let Ok(text) = std::fs::read_to_string(dir.join("case.json")) else {
+                continue;
+            };
+            let case: Value = serde_json::from_str(&text).unwrap();
+            if case["kind"] != "processor_only" {
+                continue;
+            }
+            for image in case["images"].as_array().into_iter().flatten() {
+                if image["prompt"] == expected["prompt"]
+                    && image["num_soft_tokens"] == expected["num_soft_tokens"]
+                    && image["expanded_prompt_ids_tiny_tokenizer"]
+                        == expected["expanded_prompt_ids"]
+                {
+                    found.push(dir.join(image["png"].as_str().unwrap()));
+                }
+            }
+        }
+    }
+    assert!(
+        !found.is_empty(),
+        "no processor fixture case has the picture of gemma4_chat/expected.json"
+    );
+    found.swap_remove(0)
+}
+
 /// The whole verl flow on a Gemma 4 model directory: a verl row with `<image>` and the fixture's
 /// picture becomes exactly the fixture's expanded ids (template, tokenizer, Gemma 4 processor).
 #[test]
@@ -241,7 +275,13 @@ fn verl_row_through_gemma4_processor_gives_the_fixture_ids() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("gemma4");
     std::fs::create_dir_all(&model).unwrap();
-    let case = fixtures().join("../models/gemma4/one_image");
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("gemma4_chat/expected.json")).unwrap(),
+    )
+    .unwrap();
+    // The model case the picture belongs to gives the config, processor and tokenizer.
+    let picture = gemma4_chat_picture(&expected);
+    let case = picture.parent().unwrap();
     for f in ["config.json", "preprocessor_config.json", "tokenizer.json"] {
         std::fs::copy(case.join(f), model.join(f)).unwrap();
     }
@@ -250,13 +290,9 @@ fn verl_row_through_gemma4_processor_gives_the_fixture_ids() {
         model.join("tokenizer_config.json"),
     )
     .unwrap();
-    let expected: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("gemma4_chat/expected.json")).unwrap(),
-    )
-    .unwrap();
 
     // One verl row: the fixture's picture and question.
-    let png = std::fs::read(case.join("image_0.png")).unwrap();
+    let png = std::fs::read(&picture).unwrap();
     let sample = flowrl_datasets::synth::ShapeSample {
         image: image::load_from_memory(&png).unwrap().to_rgb8(),
         question: "<image>Describe this image.".into(),
