@@ -4,17 +4,48 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::LazyLock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
 const GRAPH: &str = "graphs/real/geo3k_qwen2_5_vl_3b.toml";
-const FIXTURES: &[&str] = &[
-    "--set",
-    "models.policy.path=tests/fixtures/models/qwen2_5_vl/one_image",
-    "--set",
-    "nodes.data.path=tests/fixtures/data/verl_geo3k_sample/train.parquet",
-    "--set",
-    "nodes.data.val_path=tests/fixtures/data/verl_geo3k_sample/test.parquet",
-];
+/// The overrides that put the real graph on the fixtures: a tiny Qwen2.5-VL checkpoint and
+/// verl's geo3k sample.
+static FIXTURES: LazyLock<Vec<String>> = LazyLock::new(|| {
+    vec![
+        "--set".into(),
+        format!("models.policy.path={}", qwen2_5_vl_fixture()),
+        "--set".into(),
+        "nodes.data.path=tests/fixtures/data/verl_geo3k_sample/train.parquet".into(),
+        "--set".into(),
+        "nodes.data.val_path=tests/fixtures/data/verl_geo3k_sample/test.parquet".into(),
+    ]
+});
+
+/// A Qwen2.5-VL checkpoint among the model fixtures, found by content: the first case (in name
+/// order) whose config.json is a `qwen2_5_vl` model and that holds weights and an image
+/// processor; relative to the repository.
+fn qwen2_5_vl_fixture() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let models = root.join("tests/fixtures/models");
+    let mut cases: Vec<_> = std::fs::read_dir(&models)
+        .unwrap()
+        .flat_map(|family| std::fs::read_dir(family.unwrap().path()).unwrap())
+        .map(|case| case.unwrap().path())
+        .filter(|dir| {
+            let config = std::fs::read_to_string(dir.join("config.json")).unwrap_or_default();
+            let config: serde_json::Value = serde_json::from_str(&config).unwrap_or_default();
+            config["model_type"] == "qwen2_5_vl"
+                && ["model.safetensors", "preprocessor_config.json"]
+                    .iter()
+                    .all(|f| dir.join(f).is_file())
+        })
+        .collect();
+    cases.sort();
+    let case = cases
+        .first()
+        .expect("a Qwen2.5-VL model among tests/fixtures/models");
+    case.strip_prefix(root).unwrap().display().to_string()
+}
 
 /// `flowrl validate` of the real graph on the fixtures. `--force`: the recipe's batch (512
 /// prompts × n 5 × 3072 tokens) does not fit this machine's memory on a CPU, which is what the
@@ -27,7 +58,7 @@ fn validate(extra: &[&str]) -> Output {
 
 /// The binary with `args` and the fixtures' overrides, in the repository root.
 fn on_fixtures(mut args: Vec<&str>) -> Output {
-    args.extend_from_slice(FIXTURES);
+    args.extend(FIXTURES.iter().map(String::as_str));
     Command::new(BIN)
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
         .args(&args)
@@ -85,7 +116,7 @@ fn a_kl_loss_without_reference_log_probs_is_rejected() {
     let file = dir.path().join("g.toml");
     std::fs::write(&file, text).unwrap();
     let mut args = vec!["validate", file.to_str().unwrap()];
-    args.extend_from_slice(FIXTURES);
+    args.extend(FIXTURES.iter().map(String::as_str));
     let out = Command::new(BIN)
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
         .args(&args)

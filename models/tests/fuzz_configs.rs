@@ -8,7 +8,7 @@
 //! the run, so a config that claims a huge size must be rejected or built without allocating it.
 //!
 //! Inputs are structured mutations of the shipped configs (Qwen2-VL: `assets/tiny-qwen2-vl`,
-//! Qwen2.5-VL: `tests/fixtures/models/qwen2_5_vl/text_only`, Gemma 4: `assets/tiny-gemma4`):
+//! Qwen2.5-VL: the first fixture case with its config, Gemma 4: `assets/tiny-gemma4`):
 //! any value in the JSON tree replaced by an edge value (0, -1, 2^31, 2^62, u64::MAX, 1e300,
 //! NaN-like strings, null, wrong types, empty or long arrays), keys deleted or renamed, plus
 //! byte-level truncations and insertions of the text.
@@ -39,12 +39,30 @@ fn model_dirs() -> Vec<(&'static str, PathBuf)> {
     let r = root();
     vec![
         ("qwen2_vl", r.join("assets/tiny-qwen2-vl")),
-        (
-            "qwen2_5_vl",
-            r.join("tests/fixtures/models/qwen2_5_vl/text_only"),
-        ),
+        ("qwen2_5_vl", fixture_config_dir(&r, "qwen2_5_vl")),
         ("gemma4", r.join("assets/tiny-gemma4")),
     ]
+}
+
+/// The first model fixture case (in name order) whose config.json has `model_type`, found by
+/// content.
+fn fixture_config_dir(root: &Path, model_type: &str) -> PathBuf {
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(root.join("tests/fixtures/models"))
+        .unwrap()
+        .flat_map(|family| std::fs::read_dir(family.unwrap().path()).unwrap())
+        .map(|case| case.unwrap().path())
+        .filter(|dir| {
+            std::fs::read_to_string(dir.join("config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some_and(|c| c["model_type"] == model_type)
+        })
+        .collect();
+    cases.sort();
+    cases
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no {model_type} config among tests/fixtures/models"))
 }
 
 fn read_json(path: &Path) -> Value {
