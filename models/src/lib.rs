@@ -16,6 +16,7 @@
 //! - one folder per family: [`qwen2_vl`] (Qwen2-VL and Qwen2.5-VL), [`qwen3_vl`], [`gemma4`].
 //! - [`image`]: image resampling shared by processors; [`generate`], [`sampling`]: decoding.
 
+mod adapted;
 pub mod capabilities;
 pub mod checkpoint;
 pub mod config_checks;
