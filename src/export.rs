@@ -290,7 +290,7 @@ fn export(args: &ExportArgs) -> Result<String> {
             out_adapter.display(),
             base_name.display(),
             merged.display(),
-            precision_name(precision)
+            precision.name()
         ))
     } else {
         let model =
@@ -302,18 +302,10 @@ fn export(args: &ExportArgs) -> Result<String> {
             "exported `{name}` of {} to {} ({})",
             ckpt.display(),
             args.out.display(),
-            precision_name(precision)
+            precision.name()
         ))
     }
 }
 
 /// Shards of at most 5 GB, as `save_pretrained`'s default `max_shard_size="5GB"`.
 const SHARD_BYTES: usize = 5_000_000_000;
-
-fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::F32 => "f32",
-        Precision::BF16 => "bf16",
-        Precision::F16 => "f16",
-    }
-}

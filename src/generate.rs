@@ -449,11 +449,7 @@ fn generate(args: &GenerateArgs) -> Result<(), Failure> {
         "stop"
     };
     let tokens_per_second = n as f64 / seconds.max(1e-9);
-    let precision_name = match precision {
-        Precision::F32 => "f32",
-        Precision::BF16 => "bf16",
-        Precision::F16 => "f16",
-    };
+    let precision_name = precision.name();
     if args.json {
         let out = json!({
             "model": dir,

@@ -61,6 +61,15 @@ impl Precision {
         }
     }
 
+    /// Its name in graphs, on the command line and in reports: `"f32"`, `"bf16"` or `"f16"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::BF16 => "bf16",
+            Precision::F16 => "f16",
+        }
+    }
+
     /// `"f32"`, `"bf16"` or `"f16"` (also `"float32"`, `"bfloat16"`, `"float16"`).
     pub fn parse(name: &str) -> Result<Self> {
         match name {

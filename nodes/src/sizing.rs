@@ -206,11 +206,7 @@ impl PlannedModel {
 
     /// The name of the compute precision, for the device's throughput.
     pub fn precision_name(&self) -> &'static str {
-        match self.precision {
-            Precision::F32 => "f32",
-            Precision::BF16 => "bf16",
-            Precision::F16 => "f16",
-        }
+        self.precision.name()
     }
 }
 

@@ -340,7 +340,7 @@ impl ModelResource {
                 <B as burn::prelude::Backend>::supports_dtype(&burn_device, dtype),
                 "model `{name}`: {device} does not compute in {dtype:?} (precision = \"{}\"); \
                  use precision = \"f32\"",
-                precision_name(precision)
+                precision.name()
             );
             let config_json = || std::fs::read_to_string(dir.join("config.json"));
             let context = || match random_seed {
@@ -770,15 +770,6 @@ pub fn params_text(n: u64) -> String {
         format!("{:.2} B parameters", n as f64 / 1e9)
     } else {
         format!("{:.2} M parameters", n as f64 / 1e6)
-    }
-}
-
-/// The name a graph gives `precision`.
-fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::F32 => "f32",
-        Precision::BF16 => "bf16",
-        Precision::F16 => "f16",
     }
 }
 
