@@ -12,7 +12,9 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod common;
-use common::{small_task, training_steps};
+#[path = "common/family.rs"]
+mod family;
+use family::{num, saved_policy, two_grpo_steps};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flowrl");
 
@@ -37,20 +39,6 @@ fn compiled(graph: &str) -> Value {
     let out = flowrl(&["graph", graph, "--format", "json"]);
     assert!(out.status.success(), "{graph}: {}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn metrics(run: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn num(m: &Value, key: &str) -> f64 {
-    m[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("metric `{key}` missing in {m}"))
 }
 
 #[test]
@@ -102,70 +90,14 @@ fn gemma4_graph_is_the_qwen_graph_with_another_model() {
 #[test]
 fn grpo_gemma4_runs_two_steps_with_consistent_log_probs() {
     let dir = tempfile::tempdir().unwrap();
-    let (train, test) = small_task(dir.path());
-    let run = dir.path().join("run");
-    let run_s = run.display().to_string();
-    let sets = [
-        "run.steps=2".to_string(),
-        "run.checkpoint_every=2".to_string(),
-        format!("nodes.data.path={train}"),
-        format!("nodes.data.val_path={test}"),
-        "nodes.data.batch_size=4".to_string(),
-        "nodes.rollout.n=4".to_string(),
-        // One mini-batch per step: the update's first forward is the old policy itself.
-        "nodes.update.mini_batch_size=4".to_string(),
-        "nodes.update.micro_batch_size=8".to_string(),
-        "nodes.eval.every=1".to_string(),
-    ];
-    let mut args = vec![
-        "run",
-        "graphs/grpo_gemma4.toml",
-        "--out",
-        &run_s,
-        "--progress",
-        "plain",
-    ];
-    for s in &sets {
-        args.extend(["--set", s.as_str()]);
-    }
-    let out = flowrl(&args);
-    assert!(
-        out.status.success(),
-        "stdout:\n{}\nstderr:\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    let m = training_steps(metrics(&run));
-    assert_eq!(m.len(), 2, "{m:?}");
-    for (k, step) in m.iter().enumerate() {
-        assert_eq!(step["step"].as_u64(), Some(k as u64 + 1));
+    let (m, run) = two_grpo_steps("graphs/grpo_gemma4.toml", dir.path());
+    for step in &m {
         // 4 prompts of 98–101 tokens (64 image soft tokens each), responses of ≤ 16 tokens.
         let plen = num(step, "prompt_length/mean");
         assert!((95.0..=105.0).contains(&plen), "prompt length {plen}");
         let rlen = num(step, "response_length/mean");
         assert!((1.0..=16.0).contains(&rlen), "response length {rlen}");
-        for key in [
-            "actor/pg_loss",
-            "actor/kl_loss",
-            "actor/entropy",
-            "actor/grad_norm",
-            "critic/score/mean",
-            "val/score",
-        ] {
-            assert!(num(step, key).is_finite(), "{key} = {}", step[key]);
-        }
-        assert_eq!(num(step, "actor/skipped_steps"), 0.0);
-        let score = num(step, "critic/score/mean");
-        assert!((0.0..=1.0).contains(&score), "{score}");
-        // One mini-batch: the ratio π/π_old is 1 up to rounding (rollout positions and the
-        // update's positions agree), so nothing is clipped.
-        let ppo_kl = num(step, "actor/ppo_kl").abs();
-        assert!(ppo_kl < 1e-4, "ppo_kl {ppo_kl}");
-        assert_eq!(num(step, "actor/pg_clipfrac"), 0.0);
     }
-    // Before the first update the policy is the reference: the KL loss is 0 up to rounding.
-    let kl0 = num(&m[0], "actor/kl_loss").abs();
-    assert!(kl0 < 1e-4, "kl at step 1 = {kl0}");
     // The warm start answers in the trained format: most of the 32 sampled responses of the two
     // steps score the format part (one step's 16 draws range over 0.44–0.88 across seeds).
     let formats: Vec<f64> = m
@@ -175,9 +107,7 @@ fn grpo_gemma4_runs_two_steps_with_consistent_log_probs() {
     let format = formats.iter().sum::<f64>() / formats.len() as f64;
     assert!(format >= 0.5, "format scores {formats:?}");
     // The checkpoint holds a Gemma 4 Hugging Face directory that loads again.
-    let ckpt = run.join("checkpoints/step_000002/resources/policy/model");
-    let config: Value =
-        serde_json::from_str(&std::fs::read_to_string(ckpt.join("config.json")).unwrap()).unwrap();
+    let (ckpt, config) = saved_policy(&run);
     assert_eq!(config["model_type"], "gemma4");
     let model = flowrl_models::Model::<burn::backend::Flex>::load(&ckpt, &Default::default())
         .expect("the saved policy loads");
