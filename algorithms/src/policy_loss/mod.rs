@@ -205,18 +205,20 @@ pub struct ClipConfig {
 }
 
 impl Default for ClipConfig {
-    /// verl's defaults: ε = 0.2, c = 3.
     fn default() -> Self {
-        Self {
-            clip_ratio: 0.2,
-            clip_ratio_low: None,
-            clip_ratio_high: None,
-            clip_ratio_c: 3.0,
-        }
+        Self::DEFAULT
     }
 }
 
 impl ClipConfig {
+    /// verl's defaults: ε = 0.2, c = 3 (also the defaults of `update.ppo`'s parameters).
+    pub const DEFAULT: ClipConfig = ClipConfig {
+        clip_ratio: 0.2,
+        clip_ratio_low: None,
+        clip_ratio_high: None,
+        clip_ratio_c: 3.0,
+    };
+
     /// (ε_lo, ε_hi) after the fallback to `clip_ratio`.
     pub fn low_high(&self) -> (f64, f64) {
         (

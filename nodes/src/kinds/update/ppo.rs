@@ -132,7 +132,7 @@ struct PpoParams {
     policy_loss: PolicyLossMode,
     /// ε: bounds the ratio (vanilla, gspo, clip_cov, cispo), the probability difference or
     /// binary KL (dppo_*), the log-ratio (geo_mean)
-    #[param(default = 0.2, min = 0.0)]
+    #[param(default = ClipConfig::DEFAULT.clip_ratio, min = 0.0)]
     clip_ratio: f64,
     /// lower ε (default clip_ratio)
     #[param(min = 0.0)]
@@ -141,7 +141,7 @@ struct PpoParams {
     #[param(min = 0.0)]
     clip_ratio_high: Option<f64>,
     /// dual-clip constant (vanilla); importance-ratio truncation (dppo_*)
-    #[param(default = 3.0, gt = 1.0)]
+    #[param(default = ClipConfig::DEFAULT.clip_ratio_c, gt = 1.0)]
     clip_ratio_c: f64,
     /// sapo: gate temperature where A > 0
     #[param(default = 1.0, gt = 0.0)]
