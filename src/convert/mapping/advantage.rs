@@ -40,8 +40,8 @@ pub(super) fn kind(m: &mut Mapper, estimator: &str) -> &'static str {
     }
 }
 
-/// ReMax's greedy baseline: one greedy response per prompt, scored by the same reward.
-pub(super) fn remax_baseline(m: &mut Mapper, p: &Plan, reward_kind: &str) {
+/// ReMax's greedy baseline: one greedy response per prompt, scored by a copy of the reward node.
+pub(super) fn remax_baseline(m: &mut Mapper, p: &Plan) {
     if p.adv_kind != "advantage.remax" {
         return;
     }
@@ -61,9 +61,15 @@ pub(super) fn remax_baseline(m: &mut Mapper, p: &Plan, reward_kind: &str) {
         &format!("{ROLLOUT}.response_length"),
     );
     m.sections.push(b);
-    let mut br = Section::node("baseline_reward", reward_kind, "");
-    if reward_kind == "reward.model" {
-        br.set("model", t_str("reward_model"), "");
+    // The reward node's kind and parameters, on the baseline's responses.
+    let reward = m
+        .sections
+        .iter()
+        .find(|s| s.name == "nodes.reward")
+        .expect("the reward stage writes [nodes.reward] first");
+    let mut br = Section::new("nodes.baseline_reward");
+    for e in reward.entries.iter().filter(|e| e.key != "inputs") {
+        br.set(&e.key, e.value.clone(), "");
     }
     br.inputs(&[("rollouts", "baseline.rollouts")]);
     m.sections.push(br);

@@ -286,8 +286,6 @@ impl Plan {
 
 /// Where the reward stage's outputs are read from (after shaping and filtering).
 struct Wiring {
-    /// The reward kind (the ReMax baseline is scored with it too).
-    reward_kind: &'static str,
     scores: String,
     rollouts: String,
 }
@@ -301,7 +299,7 @@ fn build(m: &mut Mapper) {
     data::rollout(m, &plan);
     let wiring = reward::reward(m, &plan);
     scoring::scoring(m, &plan, &wiring.rollouts);
-    advantage::remax_baseline(m, &plan, wiring.reward_kind);
+    advantage::remax_baseline(m, &plan);
     advantage::advantage(m, &plan, &wiring.scores);
     update::critic(m, &plan, &wiring.rollouts);
     update::actor(m, &plan, &wiring.rollouts);

@@ -122,33 +122,28 @@ fn reward_model_sections(m: &mut Mapper, key: &str, path: Option<String>) -> Opt
 /// `[nodes.reward]`, then `[nodes.overlong]` and `[nodes.filter]` when the plan has them;
 /// returns where the scores and rollouts are read from after them.
 pub(super) fn reward(m: &mut Mapper, p: &Plan) -> Wiring {
-    let model_sections = match reward_model(m) {
-        Some((key, path)) => reward_model_sections(m, key, path),
-        None => None,
-    };
-    if let Some([model, node]) = model_sections {
-        m.sections.push(model);
-        m.sections.push(node);
-        return finish_reward(m, p, "reward.model");
-    }
-    let reward_kind = match reward_kind(&p.train_files) {
-        Some(k) => k,
+    let model_sections =
+        reward_model(m).and_then(|(key, path)| reward_model_sections(m, key, path));
+    match model_sections {
+        Some(sections) => m.sections.extend(sections),
         None => {
-            m.not_carried(
-                "data.train_files",
-                "verl scores each row with the default scorer of its data_source; flowrl has built-in geo3k, exact_match and format rewards only: reward.geo3k is written, replace it (or use an `exec` node) if the data is not geo3k-style",
-            );
-            "reward.geo3k"
+            let reward_kind = reward_kind(&p.train_files).unwrap_or_else(|| {
+                m.not_carried(
+                    "data.train_files",
+                    "verl scores each row with the default scorer of its data_source; flowrl has built-in geo3k, exact_match and format rewards only: reward.geo3k is written, replace it (or use an `exec` node) if the data is not geo3k-style",
+                );
+                "reward.geo3k"
+            });
+            let mut reward = Section::node("reward", reward_kind, "data source's default scorer");
+            reward.inputs(&[("rollouts", "rollout.rollouts")]);
+            m.sections.push(reward);
         }
-    };
-    let mut reward = Section::node("reward", reward_kind, "data source's default scorer");
-    reward.inputs(&[("rollouts", "rollout.rollouts")]);
-    m.sections.push(reward);
-    finish_reward(m, p, reward_kind)
+    }
+    finish_reward(m, p)
 }
 
-/// The shaping and filter nodes after `[nodes.reward]` of `reward_kind`.
-fn finish_reward(m: &mut Mapper, p: &Plan, reward_kind: &'static str) -> Wiring {
+/// The shaping and filter nodes after `[nodes.reward]`.
+fn finish_reward(m: &mut Mapper, p: &Plan) -> Wiring {
     let mut scores = "reward.scores".to_string();
     let mut repeat = vec!["data", "rollout", "reward"];
     if let Some(prefix) = p.overlong {
@@ -164,11 +159,7 @@ fn finish_reward(m: &mut Mapper, p: &Plan, reward_kind: &'static str) -> Wiring 
         scores = "filter.scores".into();
         rollouts = "filter.rollouts".into();
     }
-    Wiring {
-        reward_kind,
-        scores,
-        rollouts,
-    }
+    Wiring { scores, rollouts }
 }
 
 /// `[nodes.overlong]`: DAPO's soft overlong penalty on `scores`, from the buffer at `prefix`.
