@@ -51,8 +51,8 @@ use serde::Deserialize;
 use crate::kinds::reward::support::ScoreColumns;
 use crate::kinds::rollout::multi_turn::{MultiTurn, TurnParams, validate_turns};
 use crate::kinds::rollout::{
-    Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
-    sample_rollouts, stop_token_ids, validate_generation,
+    Generation, RolloutParams, generation_footprint, sample_rollouts, stop_token_ids,
+    validate_generation,
 };
 use crate::kinds::sink::trajectories::{PictureFolder, trajectory_line};
 use crate::resources::model::ModelResource;
@@ -108,18 +108,7 @@ impl EvalParams {
     /// The greedy rollout (n = 1) an evaluation batch is generated with, at the rollout's
     /// default budgets.
     fn rollout(&self) -> RolloutParams {
-        RolloutParams {
-            model: self.model.clone(),
-            n: 1,
-            max_new_tokens: self.max_new_tokens,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            greedy: true,
-            stop: Vec::new(),
-            kv_cache_gib: KV_CACHE_GIB,
-            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
-        }
+        RolloutParams::greedy(&self.model, self.max_new_tokens)
     }
 }
 

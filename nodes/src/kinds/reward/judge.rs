@@ -45,10 +45,7 @@ use serde::Deserialize;
 
 use crate::kinds::logprob::{Extras, token_log_probs};
 use crate::kinds::reward::support::{ROLLOUTS, SCORES, log_score_metrics, reward_outputs};
-use crate::kinds::rollout::{
-    Generation, KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, generation_footprint,
-    sample_rollouts,
-};
+use crate::kinds::rollout::{Generation, RolloutParams, generation_footprint, sample_rollouts};
 use crate::kinds::validate;
 use crate::resources::model::ModelResource;
 use crate::runtime::data_parallel::Replicas;
@@ -297,7 +294,10 @@ impl NodeKind for JudgeKind {
                 len: pass.len + p.template.len(),
                 ..prompts
             };
-            let generation = Generation::of(&verdict_rollout(&p), judge_prompts);
+            let generation = Generation::of(
+                &RolloutParams::greedy(&p.model, p.max_verdict_tokens),
+                judge_prompts,
+            );
             generation_footprint(&mut f, &m, ctx, generation);
             return Some(f);
         }
@@ -343,23 +343,6 @@ impl NodeKind for JudgeKind {
             encoder,
             answer,
         }))
-    }
-}
-
-/// How the judge writes its verdicts: greedy, one per judge prompt, at most
-/// `max_verdict_tokens`, with the rollout's default budgets.
-fn verdict_rollout(p: &JudgeParams) -> RolloutParams {
-    RolloutParams {
-        model: p.model.clone(),
-        n: 1,
-        max_new_tokens: p.max_verdict_tokens,
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: -1,
-        greedy: true,
-        stop: Vec::new(),
-        kv_cache_gib: KV_CACHE_GIB,
-        max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
     }
 }
 
@@ -512,7 +495,7 @@ impl JudgeNode {
         let verdicts = sample_rollouts(
             &self.model,
             &prompts,
-            &verdict_rollout(&self.p),
+            &RolloutParams::greedy(&self.p.model, self.p.max_verdict_tokens),
             &[],
             &Replicas::single(self.model.device),
             ctx,

@@ -84,6 +84,23 @@ pub const KV_CACHE_GIB: f64 = 32.0;
 pub const MAX_NUM_BATCHED_TOKENS: usize = 8192;
 
 impl RolloutParams {
+    /// Greedy decoding of one response per prompt, at most `max_new_tokens`, from `model`, with
+    /// the defaults of every other parameter (how `eval` and a writing judge generate).
+    pub fn greedy(model: &str, max_new_tokens: usize) -> RolloutParams {
+        RolloutParams {
+            model: model.to_string(),
+            n: 1,
+            max_new_tokens,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            greedy: true,
+            stop: Vec::new(),
+            kv_cache_gib: KV_CACHE_GIB,
+            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
+        }
+    }
+
     /// The sampling part.
     pub fn sampling(&self) -> SamplingConfig {
         SamplingConfig {

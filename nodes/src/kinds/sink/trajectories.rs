@@ -26,6 +26,7 @@ use image::RgbImage;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
+use crate::kinds::reward::support::ScoreColumns;
 use crate::values::{AdvantageBatch, RolloutBatch, ScoreBatch, port_types};
 
 /// The `sink.trajectories` kind.
@@ -152,18 +153,14 @@ pub fn write_trajectories(
     let stem = format!("step_{step:06}");
     let mut pictures = PictureFolder::new(dir.join(&stem), format!("{prefix}{stem}/"))?;
     let all: Vec<usize> = (0..scores.rollouts.len()).collect();
+    let columns = ScoreColumns::of_batch(scores);
     let mut lines = String::new();
     for &r in rows.unwrap_or(&all) {
-        let components: Vec<(String, f64)> = scores
-            .components
-            .iter()
-            .map(|(k, v)| (k.clone(), v[r] as f64))
-            .collect();
         let mut line = trajectory_line(
             &scores.rollouts,
             r,
-            scores.scores[r] as f64,
-            &components,
+            columns.scores[r],
+            &columns.row(r),
             &mut pictures,
         )?;
         if let Some(a) = advantages {
