@@ -93,13 +93,12 @@ impl BuildContext {
 pub enum Media {
     /// Markdown.
     Text { tag: String, markdown: String },
-    /// A PNG file's bytes, its size and channels (3: RGB).
+    /// An RGB picture: a PNG file's bytes and its size.
     Image {
         tag: String,
         png: Vec<u8>,
         width: u32,
         height: u32,
-        channels: u32,
     },
 }
 
@@ -238,7 +237,6 @@ impl StepContext {
                 png,
                 width,
                 height,
-                channels: 3,
             });
         }
     }

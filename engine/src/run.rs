@@ -411,8 +411,7 @@ impl Trackers {
                     png,
                     width,
                     height,
-                    channels,
-                } => tb.image(tag, step, png, *width, *height, *channels)?,
+                } => tb.image(tag, step, png, *width, *height, 3)?,
             }
         }
         Ok(())

@@ -139,15 +139,6 @@ impl EventWriter {
         self.write_summary(step, &[image_value(tag, png, width, height, channels)])
     }
 
-    /// Asks the operating system to put everything written so far on the storage device
-    /// (`fsync`). Not needed for a killed process to keep its events: each write already
-    /// reached the operating system.
-    pub fn flush(&mut self) -> anyhow::Result<()> {
-        self.file
-            .sync_data()
-            .with_context(|| format!("syncing TensorBoard event file {}", self.path.display()))
-    }
-
     /// Writes one `Event { wall_time, step, summary = Summary { value = values } }`.
     fn write_summary(&mut self, step: u64, values: &[ProtoMessage]) -> anyhow::Result<()> {
         let mut summary = ProtoMessage::default();
@@ -544,7 +535,6 @@ mod tests {
         writer.text("notes", 4, "# Title\n\n*ünïcode*").unwrap();
         let png = [0x89, b'P', b'N', b'G', 0, 1, 2, 3];
         writer.image("samples/frame", 5, &png, 64, 32, 3).unwrap();
-        writer.flush().unwrap();
 
         let records = read_single_event_file(dir.path());
         assert_eq!(
