@@ -32,7 +32,9 @@ use memmap2::{Advice, Mmap, UncheckedAdvice};
 use safetensors::Dtype;
 use safetensors::tensor::{Metadata, TensorView};
 
-use crate::weights::{Init, Precision, WeightSource, host_data, normalize_name, zeros_data};
+use crate::weights::{
+    Init, Precision, WeightSink, WeightSource, WeightVisitor, host_data, normalize_name, zeros_data,
+};
 
 /// The index file of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -583,6 +585,57 @@ pub(crate) fn write_checkpoint(
 }
 
 /// Bytes of a tensor of `shape` saved as `dtype`.
+/// Byte sizes of a model's tensors as [`WeightSink`] would collect them (converted to
+/// `precision`, or each in its own dtype), from shapes and dtypes alone: the plan of a streamed
+/// save, which reads no tensor data.
+pub(crate) struct SavedSizes {
+    precision: Option<Precision>,
+    pub sizes: BTreeMap<String, usize>,
+}
+
+impl SavedSizes {
+    pub fn new(precision: Option<Precision>) -> Self {
+        Self {
+            precision,
+            sizes: BTreeMap::new(),
+        }
+    }
+}
+
+impl<B: Backend> WeightVisitor<B> for SavedSizes {
+    fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
+        let dtype = self.precision.map_or(t.dtype(), Precision::dtype);
+        let bytes = saved_bytes(&t.dims(), dtype);
+        self.sizes.insert(name.to_string(), bytes);
+    }
+
+    fn put_buffer(&mut self, name: &str, shape: &[usize], _values: &[f32]) {
+        let dtype = self.precision.map_or(DType::F32, Precision::dtype);
+        let bytes = saved_bytes(shape, dtype);
+        self.sizes.insert(name.to_string(), bytes);
+    }
+}
+
+impl WeightSink {
+    /// Writes the tensors into `dir` as safetensors, each in the dtype it was collected in (F32,
+    /// BF16 or F16): `model.safetensors`, or, when they exceed `max_shard_bytes`, shards
+    /// `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json` (the
+    /// `save_pretrained` layout; see [`crate::checkpoint`]).
+    pub fn write(&self, dir: &Path, max_shard_bytes: Option<usize>) -> Result<()> {
+        let sizes = self
+            .tensors()
+            .iter()
+            .map(|(name, d)| (name.clone(), d.as_bytes().len()))
+            .collect();
+        write_checkpoint(dir, &sizes, max_shard_bytes, |names| {
+            Ok(names
+                .iter()
+                .map(|name| (name.clone(), self.tensors()[name].clone()))
+                .collect())
+        })
+    }
+}
+
 pub(crate) fn saved_bytes(shape: &[usize], dtype: DType) -> usize {
     shape.iter().product::<usize>() * dtype.size()
 }

@@ -16,11 +16,11 @@ use burn::prelude::*;
 use crate::capabilities::{
     PaddedBatch, PositionIds, ProcessedImage, embed_inputs, plain_positions,
 };
-use crate::checkpoint::{Checkpoint, write_checkpoint};
+use crate::checkpoint::{Checkpoint, SavedSizes, write_checkpoint};
 use crate::lora::Merged;
 use crate::registry::AnyConfig;
 pub use crate::registry::Model;
-use crate::weights::{Precision, RandomInit, SavedSizes, ShapeOnly, WeightSink, WeightSource};
+use crate::weights::{Precision, RandomInit, ShapeOnly, WeightSink, WeightSource};
 
 fn parse_config(text: &str) -> Result<AnyConfig> {
     let json: serde_json::Value = serde_json::from_str(text).context("parsing config.json")?;

@@ -1,5 +1,5 @@
 //! Where a model's weights come from and go to: the [`WeightSource`] layers take their tensors
-//! from (a [`Checkpoint`] read from disk, see [`crate::checkpoint`]; [`RandomInit`] from a config;
+//! from (a [`Checkpoint`](crate::checkpoint::Checkpoint) read from disk; [`RandomInit`] from a config;
 //! [`ShapeOnly`] placeholders), and the [`WeightVisitor`] models export them to ([`WeightSink`],
 //! which writes the Hugging Face layout; [`GradCollector`]).
 //!
@@ -12,7 +12,6 @@
 //! `model.visual.X` and `model.language_model.X` are accepted as `visual.X` and `model.X`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use anyhow::{Result, bail};
 use burn::prelude::*;
@@ -25,9 +24,7 @@ use rayon::prelude::*;
 
 use burn::module::Param;
 
-use crate::lora::Lora;
-
-pub use crate::checkpoint::Checkpoint;
+use crate::lora::adapter::Lora;
 
 /// How a randomly initialised tensor is filled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,12 +107,7 @@ pub trait WeightSource<B: Backend> {
     }
     /// The LoRA adapter of linear `module` (`[out_dim, in_dim]` weight), if this build attaches
     /// one (see [`crate::lora::LoraSource`]). Sources that wrap another must delegate it.
-    fn lora_adapter(
-        &mut self,
-        module: &str,
-        in_dim: usize,
-        out_dim: usize,
-    ) -> Option<crate::lora::Lora<B>> {
+    fn lora_adapter(&mut self, module: &str, in_dim: usize, out_dim: usize) -> Option<Lora<B>> {
         let _ = (module, in_dim, out_dim);
         None
     }
@@ -181,12 +173,7 @@ impl<B: Backend> WeightSource<B> for NormalizedNames<'_, B> {
         self.0.ignore(&normalize_name(name));
     }
 
-    fn lora_adapter(
-        &mut self,
-        module: &str,
-        in_dim: usize,
-        out_dim: usize,
-    ) -> Option<crate::lora::Lora<B>> {
+    fn lora_adapter(&mut self, module: &str, in_dim: usize, out_dim: usize) -> Option<Lora<B>> {
         self.0.lora_adapter(module, in_dim, out_dim)
     }
 }
@@ -373,7 +360,7 @@ pub trait WeightVisitor<B: Backend> {
 
     /// The LoRA adapter of linear `module`, whose base weight was just put as
     /// `{module}.weight`. Ignored by default (a checkpoint of the base model).
-    fn put_lora(&mut self, module: &str, lora: &crate::lora::Lora<B>) {
+    fn put_lora(&mut self, module: &str, lora: &Lora<B>) {
         let _ = (module, lora);
     }
 
@@ -565,37 +552,6 @@ impl<B: Backend> WeightVisitor<B> for WeightSink {
     }
 }
 
-/// Byte sizes of a model's tensors as [`WeightSink`] would collect them (converted to
-/// `precision`, or each in its own dtype), from shapes and dtypes alone: the plan of a streamed
-/// save, which reads no tensor data.
-pub(crate) struct SavedSizes {
-    precision: Option<Precision>,
-    pub sizes: BTreeMap<String, usize>,
-}
-
-impl SavedSizes {
-    pub fn new(precision: Option<Precision>) -> Self {
-        Self {
-            precision,
-            sizes: BTreeMap::new(),
-        }
-    }
-}
-
-impl<B: Backend> WeightVisitor<B> for SavedSizes {
-    fn put<const D: usize>(&mut self, name: &str, t: Tensor<B, D>) {
-        let dtype = self.precision.map_or(t.dtype(), Precision::dtype);
-        let bytes = crate::checkpoint::saved_bytes(&t.dims(), dtype);
-        self.sizes.insert(name.to_string(), bytes);
-    }
-
-    fn put_buffer(&mut self, name: &str, shape: &[usize], _values: &[f32]) {
-        let dtype = self.precision.map_or(DType::F32, Precision::dtype);
-        let bytes = crate::checkpoint::saved_bytes(shape, dtype);
-        self.sizes.insert(name.to_string(), bytes);
-    }
-}
-
 /// Gradients of a model's weights by checkpoint name (host f32, row-major), after `backward()`.
 /// A weight without a gradient is absent.
 pub struct GradCollector<'a, B: AutodiffBackend> {
@@ -664,26 +620,13 @@ impl WeightSink {
     }
 
     /// The collected tensors, by name.
-    pub(crate) fn into_tensors(self) -> Vec<(String, TensorData)> {
-        self.tensors.into_iter().collect()
+    pub(crate) fn tensors(&self) -> &BTreeMap<String, TensorData> {
+        &self.tensors
     }
 
-    /// Writes the tensors into `dir` as safetensors, each in the dtype it was collected in (F32,
-    /// BF16 or F16): `model.safetensors`, or, when they exceed `max_shard_bytes`, shards
-    /// `model-0000k-of-0000n.safetensors` plus `model.safetensors.index.json` (the
-    /// `save_pretrained` layout; see [`crate::checkpoint`]).
-    pub fn write(&self, dir: &Path, max_shard_bytes: Option<usize>) -> Result<()> {
-        let sizes = self
-            .tensors
-            .iter()
-            .map(|(name, d)| (name.clone(), d.as_bytes().len()))
-            .collect();
-        crate::checkpoint::write_checkpoint(dir, &sizes, max_shard_bytes, |names| {
-            Ok(names
-                .iter()
-                .map(|name| (name.clone(), self.tensors[name].clone()))
-                .collect())
-        })
+    /// The collected tensors, by name.
+    pub(crate) fn into_tensors(self) -> Vec<(String, TensorData)> {
+        self.tensors.into_iter().collect()
     }
 }
 

@@ -10,7 +10,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail, ensure};
 use safetensors::{Dtype, SafeTensors};
 
-use super::{LoraConfig, StoredAdapter};
+use super::config::LoraConfig;
+use super::source::StoredAdapter;
 use crate::checkpoint::host_f32;
 use crate::weights::normalize_name;
 
