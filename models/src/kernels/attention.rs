@@ -875,7 +875,7 @@ pub(crate) mod gpu {
             tracked::<B, AD<R, C>, 4>(k),
             tracked::<B, AD<R, C>, 4>(v),
         );
-        let segments: Tensor<AD<R, C>, 2, Int> = crate::kernels::cast(segments.clone());
+        let segments: Tensor<AD<R, C>, 2, Int> = crate::kernels::switch::cast(segments.clone());
         let segments: CubeTensor<R> = segments.into_primitive();
         let out = match FlashBackward
             .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])

@@ -6,6 +6,8 @@ use burn::tensor::{DType, Shape, TensorPrimitive};
 pub(crate) use burn_cubecl::CubeRuntime;
 pub(crate) use burn_cubecl::tensor::CubeTensor;
 
+use super::switch::{cast, enabled, same};
+
 /// burn's cubecl backend as flowrl's GPU devices use it: f32 floats (bf16 tensors are a dtype
 /// of the same backend), i32 ints, u8 bools, no fusion (nodes/src/runtime/backend.rs).
 pub(crate) type Cube<R> = burn_cubecl::CubeBackend<R, f32, i32, u8>;
@@ -20,10 +22,9 @@ pub(crate) enum RuntimeKind {
 }
 
 /// The runtime of `B` when `B` is a bare [`Cube`] backend (and the kernels are
-/// [`super::enabled`]).
+/// [`enabled`]).
 pub(crate) fn bare_runtime<B: 'static>() -> Option<RuntimeKind> {
-    use super::same;
-    if !super::enabled() {
+    if !enabled() {
         return None;
     }
     #[cfg(feature = "vulkan")]
@@ -45,10 +46,9 @@ pub(crate) enum Checkpointing {
 }
 
 /// The runtime and checkpointing strategy of `B` when `B` is `Autodiff<Cube<R>, C>` (and the
-/// kernels are [`super::enabled`]).
+/// kernels are [`enabled`]).
 pub(crate) fn autodiff_runtime<B: 'static>() -> Option<(RuntimeKind, Checkpointing)> {
-    use super::same;
-    if !super::enabled() {
+    if !enabled() {
         return None;
     }
     use burn::backend::Autodiff;
@@ -80,7 +80,7 @@ pub(crate) fn autodiff_runtime<B: 'static>() -> Option<(RuntimeKind, Checkpointi
 pub(crate) fn primitive<B: Backend, R: CubeRuntime, const D: usize>(
     t: Tensor<B, D>,
 ) -> CubeTensor<R> {
-    let t: Tensor<Cube<R>, D> = super::cast(t);
+    let t: Tensor<Cube<R>, D> = cast(t);
     t.into_primitive().tensor()
 }
 
@@ -88,14 +88,14 @@ pub(crate) fn primitive<B: Backend, R: CubeRuntime, const D: usize>(
 pub(crate) fn int_primitive<B: Backend, R: CubeRuntime, const D: usize>(
     t: Tensor<B, D, Int>,
 ) -> CubeTensor<R> {
-    let t: Tensor<Cube<R>, D, Int> = super::cast(t);
+    let t: Tensor<Cube<R>, D, Int> = cast(t);
     t.into_primitive()
 }
 
 /// A tensor of `B` (`Cube<R>`) from a float primitive.
 pub(crate) fn tensor<B: Backend, R: CubeRuntime, const D: usize>(t: CubeTensor<R>) -> Tensor<B, D> {
     let t = Tensor::<Cube<R>, D>::from_primitive(TensorPrimitive::Float(t));
-    super::cast(t)
+    cast(t)
 }
 
 /// A cube count covering `n` cubes along x (and y beyond the 65535 most runtimes take along one
@@ -131,7 +131,7 @@ pub(crate) fn empty_like<R: CubeRuntime>(like: &CubeTensor<R>, dtype: DType) -> 
 pub(crate) fn tracked<B: Backend, AD: Backend, const D: usize>(
     t: Tensor<B, D>,
 ) -> AD::FloatTensorPrimitive {
-    let t: Tensor<AD, D> = super::cast(t);
+    let t: Tensor<AD, D> = cast(t);
     t.into_primitive().tensor()
 }
 
@@ -139,5 +139,5 @@ pub(crate) fn tracked<B: Backend, AD: Backend, const D: usize>(
 pub(crate) fn from_tracked<B: Backend, AD: Backend, const D: usize>(
     t: AD::FloatTensorPrimitive,
 ) -> Tensor<B, D> {
-    super::cast(Tensor::<AD, D>::from_primitive(TensorPrimitive::Float(t)))
+    cast(Tensor::<AD, D>::from_primitive(TensorPrimitive::Float(t)))
 }

@@ -449,8 +449,8 @@ mod gpu {
         let picked =
             Tensor::<Cube<R>, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(picked));
         DeviceSample {
-            ids: crate::kernels::cast(ids),
-            picked: crate::kernels::cast(picked),
+            ids: crate::kernels::switch::cast(ids),
+            picked: crate::kernels::switch::cast(picked),
         }
     }
 }
