@@ -18,9 +18,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, ensure};
-use flowrl_models::capabilities::{
-    ImageProcessor, ProcessedImage, VideoFrames, VideoProcessor, load_image_processor,
-};
+use flowrl_models::capabilities::{ImageProcessor, ProcessedImage, VideoFrames, VideoProcessor};
+use flowrl_models::registry::load_image_processor;
 use image::RgbImage;
 use tokenizers::Tokenizer;
 

@@ -12,7 +12,6 @@
 //! family shares (plain 1-D positions, scattering image embeddings into the token stream).
 
 use std::ops::Range;
-use std::path::Path;
 
 use anyhow::{Result, bail, ensure};
 use burn::prelude::*;
@@ -107,20 +106,6 @@ pub trait VideoProcessor: Send + Sync {
     fn placeholder_text(&self) -> &str;
     /// The text that replaces one placeholder of `video`.
     fn expanded_text(&self, video: &ProcessedImage) -> Result<String>;
-}
-
-/// Reads `config.json`'s `model_type` and `preprocessor_config.json` of a Hugging Face directory
-/// and builds that family's image processor.
-pub fn load_image_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
-    let model_type = crate::registry::read_model_type(dir)?;
-    let family = crate::registry::family(&model_type)?;
-    match family.image_processor {
-        Some(load) => load(dir),
-        None => bail!(
-            "model type `{model_type}` ({}) has no image processor",
-            dir.display()
-        ),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

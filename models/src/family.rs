@@ -12,9 +12,11 @@ use burn::module::ModuleVisitor;
 use burn::prelude::*;
 use serde_json::Value;
 
-use crate::capabilities::{CausalLm, MultimodalPositions, Vision};
-use crate::registry::ImageProcessorLoader;
+use crate::capabilities::{CausalLm, ImageProcessor, MultimodalPositions, Vision};
 use crate::weights::{NormalizedNames, WeightSource, WeightVisitor, Weights};
+
+/// Builds a family's image processor from a Hugging Face directory.
+pub type ImageProcessorLoader = fn(&std::path::Path) -> Result<Box<dyn ImageProcessor>>;
 
 /// A family's parsed `config.json`.
 pub trait FamilyConfig: Sized {

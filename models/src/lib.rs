@@ -40,6 +40,7 @@ pub mod weights;
 pub use capabilities::{
     CausalLm, DecoderInputs, ImageProcessor, KvCache, MultimodalPositions, PaddedBatch,
     PositionIds, ProcessedImage, VideoFrames, VideoProcessor, VideoTiming, Vision, embed_inputs,
-    layer_input_slice, load_image_processor, plain_positions, scatter_image_embeddings,
+    layer_input_slice, plain_positions, scatter_image_embeddings,
 };
 pub use model::Model;
+pub use registry::load_image_processor;

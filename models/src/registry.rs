@@ -9,12 +9,10 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use crate::capabilities::ImageProcessor;
+use crate::family::ImageProcessorLoader;
 use crate::gemma4::{Gemma4, Gemma4Config};
 use crate::qwen2_vl::{QwenVl, QwenVlConfig};
 use crate::qwen3_vl::{Qwen3Vl, Qwen3VlConfig};
-
-/// Builds a family's image processor from a Hugging Face directory.
-pub type ImageProcessorLoader = fn(&Path) -> Result<Box<dyn ImageProcessor>>;
 
 /// One registered model family.
 pub struct Family {
@@ -61,5 +59,19 @@ pub fn read_model_type(dir: &Path) -> Result<String> {
     match json.get("model_type").and_then(|v| v.as_str()) {
         Some(t) => Ok(t.to_string()),
         None => bail!("{} has no string `model_type`", path.display()),
+    }
+}
+
+/// Reads `config.json`'s `model_type` and `preprocessor_config.json` of a Hugging Face directory
+/// and builds that family's image processor.
+pub fn load_image_processor(dir: &Path) -> Result<Box<dyn ImageProcessor>> {
+    let model_type = read_model_type(dir)?;
+    let family = family(&model_type)?;
+    match family.image_processor {
+        Some(load) => load(dir),
+        None => bail!(
+            "model type `{model_type}` ({}) has no image processor",
+            dir.display()
+        ),
     }
 }

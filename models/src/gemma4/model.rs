@@ -14,8 +14,7 @@ use super::vision::{VisionTower, VisionTrace};
 use burn::module::ModuleVisitor;
 
 use crate::capabilities::{CausalLm, DecoderInputs, KvCache, ProcessedImage, Vision};
-use crate::family::{FamilyConfig, FamilyModel};
-use crate::registry::ImageProcessorLoader;
+use crate::family::{FamilyConfig, FamilyModel, ImageProcessorLoader};
 use crate::weights::{WeightNames, Weights};
 
 /// A Gemma 4 conditional-generation model.

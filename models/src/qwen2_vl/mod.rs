@@ -6,6 +6,7 @@
 //! `processor` (image processor), `video` (video processor, shared with Qwen3-VL).
 
 pub mod config;
+pub mod patches;
 pub mod positions;
 pub mod processor;
 pub mod text;
@@ -18,8 +19,7 @@ use burn::prelude::*;
 use burn::module::ModuleVisitor;
 
 use crate::capabilities::{CausalLm, KvCache, MultimodalPositions, ProcessedImage, Vision};
-use crate::family::{FamilyConfig, FamilyModel};
-use crate::registry::ImageProcessorLoader;
+use crate::family::{FamilyConfig, FamilyModel, ImageProcessorLoader};
 use crate::weights::{WeightNames, Weights};
 pub use config::{Flavor, QwenVlConfig};
 pub use positions::{MropePositions, VideoTime};

@@ -38,9 +38,9 @@ use anyhow::{Context, Result, bail, ensure};
 use image::RgbImage;
 use serde_json::{Value, json};
 
+use super::patches::{Qwen2VlProcessorConfig, patch_rows, smart_resize};
 use crate::capabilities::{ProcessedImage, VideoFrames, VideoProcessor, VideoTiming};
 use crate::image::{MAX_PIXEL_VALUES, resize_bicubic, round_half_even};
-use crate::qwen2_vl::processor::{Qwen2VlProcessorConfig, patch_rows, smart_resize};
 
 /// The token the chat templates write once per video.
 pub const VIDEO_PAD_TOKEN: &str = "<|video_pad|>";

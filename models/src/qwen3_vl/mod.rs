@@ -23,8 +23,7 @@ use burn::prelude::*;
 use burn::module::ModuleVisitor;
 
 use crate::capabilities::{CausalLm, KvCache, MultimodalPositions, ProcessedImage, Vision};
-use crate::family::{FamilyConfig, FamilyModel};
-use crate::registry::ImageProcessorLoader;
+use crate::family::{FamilyConfig, FamilyModel, ImageProcessorLoader};
 use crate::weights::{WeightNames, Weights};
 pub use config::Qwen3VlConfig;
 pub use positions::{MropePositions, VideoTime};
