@@ -10,8 +10,11 @@ use flowrl_datasets::{ChatMessage, Prompt, RowRef};
 use flowrl_engine::DeviceSpec;
 use flowrl_models::PaddedBatch;
 use flowrl_models::weights::Precision;
+use image::RgbImage;
 use serde_json::Map;
 
+use super::row::Row;
+use super::turns::fitting_groups;
 use super::*;
 use crate::runtime::backend::HostBackend;
 use crate::tools::zoom::{Coordinates, Crop, CropParams};
