@@ -99,3 +99,44 @@ fn chunks_under_a_cache_budget_and_prefill_micro_batches_sample_what_one_batch_s
         );
     }
 }
+
+/// KV-cached decoding's one-row `x · Wᵀ` products run on the vendored burn-flex's small-row
+/// kernel (vendor/README.md), which reads each weight where it lies, and not on gemm, which
+/// packs the whole weight on every call. This fails when a burn upgrade drops the kernel (the
+/// counter is the patch's) or when decoding stops reaching it (a layout or size it does not take).
+#[test]
+fn decoding_runs_on_the_small_row_kernel() {
+    #[cfg(target_arch = "x86_64")]
+    let kernel = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    let kernel = false;
+    if !kernel || std::env::var("FLOWRL_SMALL_M_KERNEL").as_deref() == Ok("gemm") {
+        eprintln!("skipped: this CPU or FLOWRL_SMALL_M_KERNEL keeps small-row products on gemm");
+        return;
+    }
+    let device = Default::default();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tiny-qwen2-vl");
+    let model = Model::<Flex>::load(&dir, &device).unwrap();
+    let parts = ModelParts::of(&model);
+    let prompt = PromptInput {
+        ids: &[1, 2, 3, 4],
+        images: &[],
+    };
+    let new_tokens = 6;
+    let config = GenerationConfig::new(new_tokens, SamplingConfig::default());
+    let products = burn::backend::flex::ops::matmul::small_row_products;
+    let before = products();
+    let out = generate(&parts, &[prompt], &config, &[7], &device).unwrap();
+    let taken = products() - before;
+    assert_eq!(out.tokens[0].len(), new_tokens);
+    // Each forward pass (the prefill of the prompt's 4 tokens, then one per further token) runs
+    // the q, o, gate, up and down projections of both decoder layers and the LM head on at most
+    // 4 rows, all of sizes the kernel takes (the k and v projections, 64 → 32, are below its
+    // `k · n ≥ 4096` floor and stay on gemm).
+    let per_pass = 2 * 5 + 1;
+    assert!(
+        taken >= (new_tokens * per_pass) as u64,
+        "{taken} products took the small-row kernel over {new_tokens} forward passes \
+         (expected at least {per_pass} each)"
+    );
+}

@@ -248,6 +248,15 @@ fn matmul_2d_strided<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor) -> FlexTen
     matmul_2d_impl::<T>(lhs, rhs, true)
 }
 
+/// flowrl patch: how many f32 products this process computed on the small-row paths (the
+/// direct kernel, or OpenBLAS with `openblas`) instead of gemm. flowrl's
+/// `nodes/tests/cpu_kernels.rs` reads it to tell that KV-cached decoding runs on them.
+pub fn small_row_products() -> u64 {
+    SMALL_ROW_PRODUCTS.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+static SMALL_ROW_PRODUCTS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
 /// flowrl patch: `small_m` = whether f32 products of few rows may leave gemm.
 fn matmul_2d_impl<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor, small_m: bool) -> FlexTensor {
     let lhs_shape = lhs.layout().shape();
@@ -297,6 +306,7 @@ fn matmul_2d_impl<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor, small_m: bool
                 )
             }
         {
+            SMALL_ROW_PRODUCTS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
             return output;
         }
         if small_m_layout(lhs_col_stride, rhs_row_stride) {
@@ -314,6 +324,7 @@ fn matmul_2d_impl<T: GemmScalar>(lhs: FlexTensor, rhs: FlexTensor, small_m: bool
                     !matches!(parallelism, gemm::Parallelism::None),
                 );
             }
+            SMALL_ROW_PRODUCTS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
             return output;
         }
     }
