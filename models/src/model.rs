@@ -101,6 +101,18 @@ impl<B: Backend> Model<B> {
         ))
     }
 
+    /// The weights a forward pass computes with: the model itself in f32, else a [`Self::cast`]
+    /// of it (under autodiff a recorded cast, whose gradients reach the f32 weights). Mixed
+    /// precision as in verl's FSDP actor: parameters, activations and matmuls in bf16; norms,
+    /// softmax and logits in f32 (the families compute those in f32 whatever the weights'
+    /// dtype); master weights, gradients and AdamW moments in f32.
+    pub fn compute_view(&self, precision: Precision) -> Self {
+        match precision {
+            Precision::F32 => self.clone(),
+            other => self.clone().cast(other),
+        }
+    }
+
     /// The model with every float weight cast to `precision`, parameter ids kept. Under
     /// autodiff the casts are recorded, so the gradient of a loss computed with the cast model
     /// reaches this model's own weights in their dtype: the f32 master weights of mixed-precision

@@ -1,4 +1,4 @@
-//! The two-stage backward of the update nodes (`sequences::chunked_loss_backward`: values chunk
+//! The two-stage backward of the update nodes (`chunked_backward::chunked_loss_backward`: values chunk
 //! by chunk, then per-chunk gradients of the LM head, then one trunk backward) gives the
 //! gradients of the single graph the nodes built before (the whole loss through one graph, every
 //! chunk's logits kept for its backward), on the tiny policy and the harness's rollouts:
@@ -30,7 +30,7 @@ use flowrl_models::weights::Precision;
 use flowrl_nodes::backend::CpuBackend;
 use flowrl_nodes::kinds::update::ppo_loss::PpoLoss;
 use flowrl_nodes::kinds::update::sft::{sft_loss, target_batch};
-use flowrl_nodes::model_resource::{ModelResource, compute_view};
+use flowrl_nodes::model_resource::ModelResource;
 use flowrl_nodes::train::sequences::SequenceBatch;
 use flowrl_nodes::values::TokenMatrix;
 use flowrl_nodes::{PromptBatch, RolloutBatch};
@@ -112,7 +112,7 @@ where
     L: FnOnce(Tensor<Ad, 2>, Tensor<Ad, 2>) -> anyhow::Result<Tensor<Ad, 1>>,
 {
     let device = Default::default();
-    let view = compute_view(model, precision);
+    let view = model.compute_view(precision);
     let out = seq.log_probs(&view, temperature, chunk, &device).unwrap();
     let loss = loss_of(out.log_probs, out.entropy).unwrap();
     let value = loss.clone().into_scalar().elem::<f64>();

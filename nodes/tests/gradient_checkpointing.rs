@@ -214,7 +214,7 @@ fn lora_dropout_masks_are_replayed_and_mixed_precision_gets_every_gradient() {
         assert!(d <= tolerance, "{what}: gradients differ by {d:.2e}");
     }
     // The checkpointed forward keeps what the recompute needs, not the graph.
-    let view = flowrl_nodes::model_resource::compute_view(model, Precision::F32);
+    let view = model.compute_view(Precision::F32);
     let (_, _, trunk) = seq
         .response_hidden_for_backward(model, &view, true, &device)
         .unwrap();

@@ -127,7 +127,7 @@ impl<B: FlowBackend> ModelState<B> {
     /// The model without autodiff in the compute precision (generation, log-probs without
     /// gradients).
     pub fn inference_model(&self) -> Model<B::InnerBackend> {
-        compute_view(&self.model.valid(), self.precision)
+        self.model.valid().compute_view(self.precision)
     }
 
     /// The model without autodiff in the compute precision (and its value head, if any) on
@@ -162,7 +162,7 @@ impl<B: FlowBackend> ModelState<B> {
                 };
                 InferenceView {
                     version,
-                    model: compute_view(&model.valid(), precision),
+                    model: model.valid().compute_view(precision),
                     head: head.as_ref().map(|h| h.valid()),
                 }
             }
@@ -183,18 +183,6 @@ struct InferenceView<B: FlowBackend> {
     version: u64,
     model: Model<B::InnerBackend>,
     head: Option<ValueHead<B::InnerBackend>>,
-}
-
-/// The weights a forward pass computes with: `model` itself in f32, else a cast of it (under
-/// autodiff a recorded cast, whose gradients reach `model`'s f32 weights). Mixed precision as in
-/// verl's FSDP actor: parameters, activations and matmuls in bf16; norms, softmax and logits in
-/// f32 (the models compute those in f32 whatever the weights' dtype); master weights, gradients
-/// and AdamW moments in f32.
-pub fn compute_view<B: burn::prelude::Backend>(model: &Model<B>, precision: Precision) -> Model<B> {
-    match precision {
-        Precision::F32 => model.clone(),
-        other => model.clone().cast(other),
-    }
 }
 
 /// What a loaded model computes on top of its backbone.
@@ -519,7 +507,7 @@ impl ModelResource {
             let s = self.lock::<B>()?;
             let precision = s.precision;
             let burn_device = B::device(device).with_context(|| format!("model `{name}`"))?;
-            let model = compute_view(&s.model, precision).no_grad();
+            let model = s.model.compute_view(precision).no_grad();
             let model = if burn_device == s.device { model } else { model.to_device(&burn_device) };
             drop(s);
             let state = ModelState::new(model, burn_device, precision);

@@ -23,7 +23,7 @@
 //!
 //! The forward sweep runs on the inner backend (no autodiff); the recomputed segments
 //! differentiate with respect to leaf copies of the view's weights, as the LM-head chunks of
-//! [`super::sequences::chunked_loss_backward`] do, so that every recorded cast of a
+//! [`super::chunked_backward::chunked_loss_backward`] do, so that every recorded cast of a
 //! mixed-precision view is consumed by exactly one backward (the embedding stage's, or the
 //! final norm's).
 
@@ -39,7 +39,7 @@ use flowrl_models::{DecoderInputs, Model, layer_input_slice};
 use serde::Deserialize;
 
 use super::grad_sum::GradSum;
-use super::sequences::leaf_copy;
+use super::leaf_copy::leaf_copy;
 
 /// The gradient-checkpointing switch of an update node, for a kind's parameter struct as
 /// `#[serde(flatten)] checkpointing: CheckpointingParams`.
@@ -86,7 +86,7 @@ struct Segment<B: AutodiffBackend> {
 }
 
 /// The final-normed hidden states `[b, len, hidden]` of the trunk over `embeds` on `view` (the
-/// model itself or a recorded cast of it, see [`crate::resources::model::compute_view`]),
+/// model itself or a recorded cast of it, see [`flowrl_models::Model::compute_view`]),
 /// computed without keeping the layers' activations, and the [`TrunkBackward`] that
 /// recomputes them. `model` is the module whose parameters receive the gradients.
 pub fn checkpointed_trunk<B: AutodiffBackend>(

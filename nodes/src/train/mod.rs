@@ -8,7 +8,9 @@
 //! gradient norm, count), is [`replicated::replicated_step`].
 
 pub mod checkpoint;
+pub mod chunked_backward;
 pub mod grad_sum;
+pub(crate) mod leaf_copy;
 pub mod micro_batches;
 pub mod optim;
 pub mod replicated;

@@ -322,7 +322,7 @@ pub(crate) fn generation_footprint(
 }
 
 /// The compute-precision copy of a model stored in f32 (trainable weights under mixed
-/// precision) that a pass makes (`compute_view`).
+/// precision) that a pass makes (`Model::compute_view`).
 pub(crate) fn compute_view_item(m: &PlannedModel) -> Option<Item> {
     (m.trainable && !m.lora && m.precision != flowrl_models::weights::Precision::F32).then(|| {
         Item::new(

@@ -52,7 +52,7 @@ use crate::kinds::update::support::{
     split_batches, trainable_model,
 };
 use crate::kinds::value::value_model_diagnostics;
-use crate::resources::model::{ModelResource, compute_view};
+use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, device_of, on_backend};
 use crate::runtime::data_parallel::Replicas;
 use crate::train::checkpoint::CheckpointingParams;
@@ -350,7 +350,7 @@ impl CriticUpdateNode {
             let mask = seq.mask_tensor::<B>(&device);
             // The trunk on a view of the weights in `precision` (a recorded cast: the
             // gradients land on the f32 masters), the head in f32.
-            let view = compute_view(&critic.model, precision);
+            let view = critic.model.compute_view(precision);
             let (hidden, _, trunk) = seq.response_hidden_for_backward(
                 &critic.model,
                 &view,

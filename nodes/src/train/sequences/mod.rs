@@ -44,18 +44,17 @@
 //! mixed lengths, most of the padding is gone. The LM head still runs over the `[b, T]`
 //! response slots, the padded ones included.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use anyhow::{Result, ensure};
-use burn::module::{AutodiffModule, Module};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use flowrl_models::weights::Precision;
 use flowrl_models::{Model, PaddedBatch, PositionIds, ProcessedImage};
 
-use crate::resources::model::compute_view;
 use crate::train::checkpoint::{TrunkBackward, checkpointed_trunk};
+use crate::train::chunked_backward::{LossPass, ResponseLogProbs, chunked_loss_backward};
 use crate::train::grad_sum::GradSum;
 use crate::values::RolloutBatch;
 
@@ -471,7 +470,7 @@ impl SequenceBatch {
 
     /// The gradients of `loss_of(log_probs, entropy)` over these rows with respect to `model`'s
     /// parameters, computing in `precision`, by the two-stage backward of
-    /// [`chunked_loss_backward`]: one forward of the trunk on one [`compute_view`] of `model`,
+    /// [`chunked_loss_backward`]: one forward of the trunk on one [`Model::compute_view`] of `model`,
     /// whose graph both stages hang off (the LM-head stage through leaf copies of the view's
     /// weights, the trunk stage through the view itself, so each recorded cast is consumed by
     /// exactly one backward); the gradients land on `model`'s (f32) parameters. With
@@ -528,7 +527,7 @@ impl SequenceBatch {
         B: AutodiffBackend,
         L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
     {
-        let view = compute_view(model, precision);
+        let view = model.compute_view(precision);
         let (response_hidden, labels, trunk) =
             self.response_hidden_for_backward(model, &view, checkpointing, device)?;
         chunked_loss_backward(
@@ -544,14 +543,6 @@ impl SequenceBatch {
     }
 }
 
-/// What [`chunked_loss_backward`] computed for one micro-batch besides its gradients.
-pub struct LossPass<B: Backend> {
-    /// The loss value (from the pass-1 values); not finite: no backward ran.
-    pub loss: f64,
-    /// The pass-1 log-probs and entropies `[b, T]`, constants (no graph).
-    pub values: ResponseLogProbs<B>,
-}
-
 /// What [`SequenceBatch::loss_gradients`] computed for one micro-batch.
 pub struct LossGradients<B: Backend> {
     /// The loss value (from the pass-1 values).
@@ -561,183 +552,6 @@ pub struct LossGradients<B: Backend> {
     pub grads: Option<GradientsParams>,
     /// The pass-1 log-probs and entropies `[b, T]`, constants (no graph).
     pub values: ResponseLogProbs<B>,
-}
-
-/// The gradients of a loss of the response log-probs and entropies with respect to `model`'s
-/// parameters, with at most one `[B, chunk, V]` block of logits alive at a time, forward or
-/// backward.
-///
-/// `response_hidden` `[B, T, H]` is the output of a trunk forward on `view` (the model itself,
-/// or a recorded cast of it: [`compute_view`]), with its graph, and the [`TrunkBackward`] of
-/// that forward; `labels` `[B, T]`; `loss_of`
-/// maps the log-probs and entropies `[B, T]` to the scalar loss. With x = (x_1, …, x_C) the
-/// per-chunk log-prob and entropy blocks (x_c = f(h_c, W) for the LM head weights W and the
-/// chunk's hidden states h_c = response_hidden[:, c]), the chain rule gives
-///
-/// ```text
-/// dL/dθ = Σ_c (∂L/∂x_c)(x) · ∂x_c/∂θ,        ∂L/∂x = g  (one [B, T] pair, from the values)
-/// ```
-///
-/// so the backward splits, exactly, into:
-///
-/// 1. **Pass 1, values only**: x chunk by chunk on the inner backend (no autodiff graph: no
-///    logits are kept).
-/// 2. **The loss**: `loss_of` on x as leaves, one backward through the (`[B, T]`-sized) loss
-///    graph: g = ∂L/∂x. A non-finite loss stops here (nothing is added to `sum`).
-/// 3. **Pass 2, per chunk**: the chunk's logits again from a leaf copy h_c of its hidden states
-///    through leaf copies of the view's weights, and one backward of Σ g_c ⊙ x_c, whose
-///    gradients are g_c·∂x_c/∂h_c (kept: `[B, len, H]`) and g_c·∂x_c/∂W (the LM head's, or the
-///    tied embedding's, weight gradients, added to `sum` in f32). Then the chunk's graph is
-///    gone.
-/// 4. **Trunk**: one backward of Σ response_hidden ⊙ G, G = the chunks' hidden-state gradients
-///    side by side (a constant): its gradient with respect to response_hidden is G, so this is
-///    the trunk's share of dL/dθ (a tied embedding adds it to its LM-head share), taken by the
-///    [`TrunkBackward`]: through the forward's graph, or segment by segment when checkpointed.
-///
-/// Why it is exact: ∂L/∂x_c is evaluated once at the same values the single graph sees, and
-/// each block's contribution goes through the same operations as in the single graph (the same
-/// chunk boundaries, so the same `entropy_and_logprobs_from_hidden` blocks); only the order in
-/// which float gradients are summed differs (a tied embedding's two shares; the LM head's
-/// per-chunk weight gradients, which are summed in f32 where a bf16 graph summed them in
-/// bf16). Every metric of the caller is computed from the pass-1 values, which
-/// are those of the single graph's forward.
-///
-/// The view's recorded casts (mixed precision) reach the masters only through the trunk
-/// backward: a backward consumes the steps of the nodes it traverses, so pass 2 differentiates
-/// with respect to leaf copies of the view's weights (same parameter ids), whose gradients
-/// `sum` widens to f32 itself. Parameters of `model` that do not require gradients get none.
-#[allow(clippy::too_many_arguments)]
-pub fn chunked_loss_backward<B, L>(
-    model: &Model<B>,
-    view: &Model<B>,
-    (response_hidden, trunk): (Tensor<B, 3>, TrunkBackward<B>),
-    labels: Tensor<B, 2, Int>,
-    temperature: f64,
-    chunk: usize,
-    loss_of: L,
-    sum: &mut GradSum,
-) -> Result<LossPass<B>>
-where
-    B: AutodiffBackend,
-    L: FnOnce(Tensor<B, 2>, Tensor<B, 2>) -> Result<Tensor<B, 1>>,
-{
-    ensure!(chunk > 0, "chunk size must be >= 1");
-    let [b, t, _] = response_hidden.dims();
-    ensure!(
-        labels.dims() == [b, t],
-        "labels {:?} do not match the hidden states {:?}",
-        labels.dims(),
-        response_hidden.dims()
-    );
-    // Pass 1: values only, on the inner backend.
-    let inner_view = view.valid();
-    let hidden = response_hidden.clone().inner();
-    let inner_labels = labels.clone().inner();
-    let (entropy, log_probs) = flowrl_algorithms::entropy_and_logprobs_from_hidden(
-        hidden.clone(),
-        inner_labels,
-        |h| inner_view.causal_lm().lm_head(h),
-        temperature,
-        chunk,
-    )?;
-    let values = ResponseLogProbs {
-        log_probs: Tensor::<B, 2>::from_inner(log_probs.clone()),
-        entropy: Tensor::<B, 2>::from_inner(entropy.clone()),
-    };
-
-    // The loss on the values as leaves: g = ∂L/∂x.
-    let lp_leaf = Tensor::<B, 2>::from_inner(log_probs).require_grad();
-    let ent_leaf = Tensor::<B, 2>::from_inner(entropy).require_grad();
-    let loss = loss_of(lp_leaf.clone(), ent_leaf.clone())?;
-    let value = loss.clone().detach().into_scalar().elem::<f64>();
-    let pass = LossPass {
-        loss: value,
-        values,
-    };
-    if !value.is_finite() {
-        return Ok(pass);
-    }
-    let grads = loss.backward();
-    let g_lp = lp_leaf.grad(&grads);
-    let g_ent = ent_leaf.grad(&grads);
-    drop(grads);
-    if g_lp.is_none() && g_ent.is_none() {
-        // The loss does not depend on the log-probs or entropies: no gradient at all.
-        return Ok(pass);
-    }
-
-    // Pass 2: per chunk, through leaf copies of the view's weights.
-    let head = leaf_copy(model, inner_view);
-    let mut hidden_grads = Vec::with_capacity(t.div_ceil(chunk));
-    let mut start = 0;
-    while start < t {
-        let len = chunk.min(t - start);
-        let h = Tensor::<B, 3>::from_inner(hidden.clone().narrow(1, start, len)).require_grad();
-        let (ent, lp) = flowrl_algorithms::entropy_and_logprobs_from_hidden(
-            h.clone(),
-            labels.clone().narrow(1, start, len),
-            |x| head.causal_lm().lm_head(x),
-            temperature,
-            len,
-        )?;
-        let weighted = |x: Tensor<B, 2>, g: &Option<Tensor<B::InnerBackend, 2>>| {
-            g.as_ref()
-                .map(|g| (x * Tensor::<B, 2>::from_inner(g.clone().narrow(1, start, len))).sum())
-        };
-        let surrogate = match (weighted(lp, &g_lp), weighted(ent, &g_ent)) {
-            (Some(a), Some(e)) => a + e,
-            (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => unreachable!("checked above"),
-        };
-        let grads = surrogate.backward();
-        let g_h = h
-            .grad(&grads)
-            .unwrap_or_else(|| h.clone().inner().zeros_like());
-        hidden_grads.push(g_h);
-        sum.add(model, GradientsParams::from_grads::<B, _>(grads, &head));
-        start += len;
-    }
-
-    // The trunk: Σ response_hidden ⊙ G has the gradient G with respect to response_hidden.
-    let g = Tensor::<B, 3>::from_inner(Tensor::cat(hidden_grads, 1));
-    trunk.backward((response_hidden * g).sum(), model, sum);
-    Ok(pass)
-}
-
-/// `inner` (the inner model of a view of `model`) as an autodiff model of leaves with `model`'s
-/// parameter ids: the parameters that require gradients in `model` require them here too.
-pub(crate) fn leaf_copy<B: AutodiffBackend>(
-    model: &Model<B>,
-    inner: Model<B::InnerBackend>,
-) -> Model<B> {
-    use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
-    struct Trainable(HashSet<ParamId>);
-    impl<B: Backend> ModuleVisitor<B> for Trainable {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if param.val().is_require_grad() {
-                self.0.insert(param.id);
-            }
-        }
-    }
-    struct RequireGrad(HashSet<ParamId>);
-    impl<B: Backend> ModuleMapper<B> for RequireGrad {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-            if self.0.contains(&param.id) {
-                param.map(|t| t.require_grad())
-            } else {
-                param.map(|t| t.set_require_grad(false))
-            }
-        }
-    }
-    let mut trainable = Trainable(HashSet::new());
-    model.visit(&mut trainable);
-    Model::<B>::from_inner(inner).map(&mut RequireGrad(trainable.0))
-}
-
-/// Per response token: log-prob of the token and entropy of the distribution, `[b, T]`.
-pub struct ResponseLogProbs<B: Backend> {
-    pub log_probs: Tensor<B, 2>,
-    pub entropy: Tensor<B, 2>,
 }
 
 /// Host copy of a `[rows, cols]` tensor, padding positions (mask 0) set to 0.
@@ -754,124 +568,4 @@ pub fn masked_host<B: Backend>(t: Tensor<B, 2>, mask: &[f32]) -> Result<Vec<f32>
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use burn::tensor::backend::AutodiffBackend;
-
-    type Ad = crate::runtime::backend::CpuBackend;
-    type Inner = <Ad as AutodiffBackend>::InnerBackend;
-
-    fn tiny() -> Model<Ad> {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tiny-qwen2-vl");
-        Model::load(&dir, &Default::default()).unwrap()
-    }
-
-    /// A 56×56 image (4×4 patches, 4 image tokens) with pixel values from `seed`.
-    fn image(seed: usize) -> ProcessedImage {
-        let dim = 3 * 2 * 14 * 14;
-        ProcessedImage {
-            pixel_values: (0..16 * dim)
-                .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0)
-                .collect(),
-            shape: vec![16, dim],
-            grid: vec![1, 4, 4],
-            num_tokens: 4,
-            patch_positions: None,
-            video: None,
-        }
-    }
-
-    /// Rows answering prompts A, B, A (images A, B, A): rows 0 and 2 share their image.
-    fn batch(image_token: u32) -> (PaddedBatch, Vec<ProcessedImage>) {
-        let rows: Vec<Vec<u32>> = [3u32, 5, 3]
-            .iter()
-            .map(|&t| {
-                let mut row = vec![t, t + 1];
-                row.extend([image_token; 4]);
-                row.extend([t + 2, t + 3, t + 4]);
-                row
-            })
-            .collect();
-        let images = vec![image(0), image(1), image(0)];
-        (PaddedBatch::left_pad(&rows, 0), images)
-    }
-
-    fn values<const D: usize>(t: Tensor<Inner, D>) -> Vec<f32> {
-        t.into_data().into_vec::<f32>().unwrap()
-    }
-
-    fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
-    }
-
-    #[test]
-    fn shared_images_give_the_embeddings_and_vision_gradients_of_one_tower_run_per_row() {
-        let model = tiny();
-        let device = Default::default();
-        let image_token = model.vision().unwrap().image_token_id();
-        let (tokens, images) = batch(image_token);
-        let shared = model
-            .input_embeddings_shared(&tokens, &images, &[0, 1, 0], &device)
-            .unwrap();
-        let every = model.input_embeddings(&tokens, &images, &device).unwrap();
-        let dims = every.dims();
-        assert_eq!(shared.dims(), dims);
-        // A fixed, position-dependent weighting so every embedding row gets its own gradient.
-        let n: usize = dims.iter().product();
-        let w = Tensor::<Ad, 1>::from_data(
-            TensorData::new((0..n).map(|i| ((i % 13) as f32 - 6.0) / 7.0).collect(), [n]),
-            &device,
-        )
-        .reshape(dims);
-        let (sv, ev) = (
-            values(shared.clone().inner()),
-            values(every.clone().inner()),
-        );
-        let d = max_abs_diff(&sv, &ev);
-        assert!(d <= 1e-6, "embeddings differ by {d}");
-        let Model::QwenVl(m) = &model else {
-            panic!("tiny-qwen2-vl is a Qwen2-VL model")
-        };
-        let embed = m.text.embed_tokens.val();
-        let vision_w = m.visual.patch_embed.val();
-        let g_shared = (shared * w.clone()).sum().backward();
-        let g_every = (every * w).sum().backward();
-        for (name, a, b) in [
-            (
-                "visual.patch_embed",
-                values(vision_w.grad(&g_shared).unwrap()),
-                values(vision_w.grad(&g_every).unwrap()),
-            ),
-            (
-                "model.embed_tokens",
-                values(embed.grad(&g_shared).unwrap()),
-                values(embed.grad(&g_every).unwrap()),
-            ),
-        ] {
-            let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-            let d = max_abs_diff(&a, &b);
-            assert!(scale > 0.0, "{name}: zero gradient");
-            assert!(
-                d <= 1e-5 * scale,
-                "{name}: gradients differ by {d} (scale {scale})"
-            );
-        }
-    }
-
-    #[test]
-    fn first_occurrence_indices_must_point_backwards_at_first_occurrences() {
-        let model = tiny();
-        let device = Default::default();
-        let (tokens, images) = batch(model.vision().unwrap().image_token_id());
-        for bad in [vec![0, 1], vec![0, 2, 0], vec![0, 0, 1]] {
-            let e = model
-                .input_embeddings_shared(&tokens, &images, &bad, &device)
-                .unwrap_err();
-            assert!(e.to_string().contains("first-occurrence indices"), "{e}");
-        }
-    }
-}
+mod tests;
