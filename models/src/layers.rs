@@ -251,7 +251,8 @@ pub(crate) fn reserve_kv<B: Backend>(
 /// `buffer[:, :, at..at + l, :] = values` for `values` `[b, h, l, d]`. On the Flex backend the
 /// write goes into `buffer`'s own storage when nothing else holds it (burn-flex's
 /// `slice_assign` copies the whole buffer first: it keeps a second handle on its input before
-/// writing); elsewhere, or for a shared buffer, it is `slice_assign`.
+/// writing; [`crate::flex::write_positions`]); elsewhere, or for a shared buffer, it is
+/// `slice_assign`.
 pub(crate) fn write_positions<B: Backend>(
     buffer: Tensor<B, 4>,
     values: Tensor<B, 4>,
@@ -264,70 +265,17 @@ pub(crate) fn write_positions<B: Backend>(
     let TensorPrimitive::Float(mut dst) = buffer.into_primitive() else {
         unreachable!("a KV cache holds float tensors")
     };
-    let written = match (
-        (&mut dst as &mut dyn std::any::Any).downcast_mut::<burn::backend::flex::FlexTensor>(),
-        values.clone().into_primitive(),
-    ) {
-        (Some(dst), TensorPrimitive::Float(src)) => {
-            let src: Box<dyn std::any::Any> = Box::new(src);
-            match src.downcast::<burn::backend::flex::FlexTensor>() {
-                Ok(src) => flex_write_positions(dst, &src, [b, h, capacity, d], l, at),
-                Err(_) => false,
-            }
+    let written = match values.clone().into_primitive() {
+        TensorPrimitive::Float(src) => {
+            crate::flex::write_positions::<B>(&mut dst, src, [b, h, capacity, d], l, at)
         }
-        _ => false,
+        TensorPrimitive::QFloat(_) => false,
     };
     let buffer = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(dst));
     if written {
         buffer
     } else {
         buffer.slice_assign([0..b, 0..h, at..at + l, 0..d], values)
-    }
-}
-
-/// [`write_positions`] on Flex tensors of one float dtype: false (nothing written) when `dst`
-/// is shared, not a whole contiguous buffer, or of another dtype than `src`.
-fn flex_write_positions(
-    dst: &mut burn::backend::flex::FlexTensor,
-    src: &burn::backend::flex::FlexTensor,
-    [b, h, capacity, d]: [usize; 4],
-    l: usize,
-    at: usize,
-) -> bool {
-    use burn::tensor::{bf16, f16};
-    // One copy per (row, kv head): its `l` new positions, `l·d` contiguous values.
-    macro_rules! copy {
-        ($e:ty) => {{
-            let src = src.to_contiguous();
-            match (src.as_slice::<$e>(), dst.try_storage_mut::<$e>()) {
-                (Some(src), Some(dst)) => {
-                    let span = l * d;
-                    for (row, values) in src.chunks_exact(span).enumerate().take(b * h) {
-                        let to = (row * capacity + at) * d;
-                        dst[to..to + span].copy_from_slice(values);
-                    }
-                    true
-                }
-                _ => false,
-            }
-        }};
-    }
-    let whole = dst.is_unique()
-        && dst.is_contiguous()
-        && dst.layout().start_offset() == 0
-        && dst.bytes().len() == b * h * capacity * d * dst.dtype().size()
-        && dst.dtype() == src.dtype();
-    if !whole {
-        return false;
-    }
-    if src.layout().num_elements() != b * h * l * d {
-        return false;
-    }
-    match dst.dtype() {
-        DType::F32 => copy!(f32),
-        DType::BF16 => copy!(bf16),
-        DType::F16 => copy!(f16),
-        _ => false,
     }
 }
 

@@ -21,6 +21,7 @@ pub mod capabilities;
 pub mod checkpoint;
 pub mod config_checks;
 pub mod family;
+pub mod flex;
 pub mod gemma4;
 pub mod generate;
 pub mod hub;

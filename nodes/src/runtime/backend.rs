@@ -279,65 +279,6 @@ macro_rules! on_backend {
 }
 pub(crate) use on_backend;
 
-/// True for an f32 tensor whose values are host memory the process can address directly (the
-/// CPU backend's): kernels that run over the values themselves, such as the fused AdamW step
-/// (`crate::train::optim`), take this path, every other backend the tensor ops.
-pub fn host_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
-    t.dtype() == burn::tensor::DType::F32
-        && std::any::TypeId::of::<B::FloatTensorPrimitive>()
-            == std::any::TypeId::of::<burn::backend::flex::FlexTensor>()
-}
-
-fn into_host<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::backend::flex::FlexTensor {
-    let burn::tensor::TensorPrimitive::Float(p) = t.into_primitive() else {
-        unreachable!("host_f32 checked a float tensor")
-    };
-    let p: Box<dyn std::any::Any> = Box::new(p);
-    *p.downcast().expect("host_f32 checked the backend")
-}
-
-/// The values of a [`host_f32`] tensor as a vector: its own buffer when nothing else holds it
-/// and it is one whole contiguous buffer (burn-flex's `into_data` then unwraps it), else a copy.
-pub fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    into_host(t)
-        .into_data()
-        .into_vec::<f32>()
-        .expect("an f32 tensor")
-}
-
-/// A [`host_f32`] tensor read where it lies: contiguous, or a 2-D view with its strides (a
-/// `Linear` weight's gradient from the matmul backward is stored transposed); any other layout
-/// is made contiguous first.
-pub struct HostMatrix(burn::backend::flex::FlexTensor);
-
-impl HostMatrix {
-    pub fn new<B: Backend, const D: usize>(t: Tensor<B, D>) -> Self {
-        let t = into_host(t);
-        if t.is_contiguous() || t.layout().shape().num_dims() == 2 {
-            HostMatrix(t)
-        } else {
-            HostMatrix(t.to_contiguous())
-        }
-    }
-
-    /// `(rows, cols, row stride, column stride, offset)` of the `n` values as the row-major
-    /// `[rows, cols]` view of the parameter (one row of `n` when contiguous).
-    pub fn layout(&self, n: usize) -> (usize, usize, isize, isize, usize) {
-        let offset = self.0.layout().start_offset();
-        if self.0.is_contiguous() {
-            (1, n, n as isize, 1, offset)
-        } else {
-            let (shape, strides) = (self.0.layout().shape(), self.0.layout().strides());
-            (shape[0], shape[1], strides[0], strides[1], offset)
-        }
-    }
-
-    /// The storage the layout indexes.
-    pub fn values(&self) -> &[f32] {
-        self.0.storage::<f32>()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,7 +30,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::backend::{HostMatrix, host_f32, host_values};
+use flowrl_models::flex::{HostMatrix, host_values, is_host_f32};
 
 /// Hyper-parameters of [`AdamW`]; defaults are torch's (the learning rate comes from the schedule).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -65,7 +65,7 @@ struct Moments<B: Backend> {
 pub struct AdamW<B: AutodiffBackend> {
     pub config: AdamWConfig,
     state: HashMap<String, Moments<B::InnerBackend>>,
-    /// One fused pass per parameter over its values where they are host memory (`host_f32`:
+    /// One fused pass per parameter over its values where they are host memory (`is_host_f32`:
     /// the CPU backend) ([`fused_step`]); false: burn's tensor ops everywhere (the reference path).
     fused: bool,
 }
@@ -395,7 +395,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, B> {
         let bias1 = 1.0 - c.beta1.powi(step as i32);
         let bias2 = 1.0 - c.beta2.powi(step as i32);
         let step_size = self.lr / bias1;
-        let (updated, exp_avg, exp_avg_sq) = if self.fused && host_f32(&p) && host_f32(&grad) {
+        let (updated, exp_avg, exp_avg_sq) = if self.fused && is_host_f32(&p) && is_host_f32(&grad) {
             let k = Coefficients {
                 beta1: c.beta1 as f32,
                 one_minus_beta1: (1.0 - c.beta1) as f32,
