@@ -7,10 +7,11 @@
 use crate::device::DeviceSpec;
 use crate::diagnostic::{SourceMap, Span};
 use crate::node::NodeKind;
-use crate::params::Params;
 use crate::port::PortType;
 use crate::resource::ResourceKind;
+use crate::{ParamChoice, Params};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub type NodeId = usize;
@@ -101,39 +102,47 @@ impl GraphResource {
     }
 }
 
-/// The `[run]` section.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+/// The `[run]` section, as the engine uses it; its schema is [`RunConfig::param_specs`] plus the
+/// placement stage's `device` and `devices` ([`crate::compile::run_params`]), which resolve into
+/// [`Graph::devices`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize, Params)]
 pub struct RunConfig {
+    /// training steps (each runs the whole graph once); `--steps` overrides
+    #[param(default = 1, min = 1)]
     pub steps: u64,
+    /// run seed; every random draw derives from (seed, step, node name)
+    #[param(default = 0, min = 0)]
     pub seed: u64,
-    /// `auto` | `cpu[:N]` | `cuda[:N]` (default `auto`); meaningless when `devices` is given.
-    pub device: String,
-    /// The devices of this process (`["cuda:0", "cuda:1"]`), instead of `device`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub devices: Option<Vec<String>>,
-    /// Default run directory (a fresh timestamped directory under `runs/` when absent).
-    pub out: Option<String>,
-    /// Write a checkpoint every N steps (0: never; the last step is always checkpointed when N > 0).
+    /// run directory; default: a new timestamped directory under `runs/`
+    pub out: Option<PathBuf>,
+    /// write a checkpoint every N steps and after the last step (0: never)
+    #[param(default = 0, min = 0)]
     pub checkpoint_every: u64,
-    /// How many checkpoints to keep.
+    /// how many of the newest checkpoints to keep (0: every one)
+    #[param(default = 2, min = 0)]
     pub keep_checkpoints: u64,
-    /// Worker threads running ready nodes concurrently (0: one per CPU, at most one per node).
+    /// worker threads running ready nodes concurrently (0: one per CPU core)
+    #[param(default = 0, min = 0)]
     pub workers: u64,
-    /// Draw plots of the main curves at the end of the run.
+    /// draw plots of the main curves into the run directory at the end
+    #[param(default = true)]
     pub plot: bool,
-    /// Where the metrics go besides `metrics.jsonl` (always written): `tensorboard`.
-    #[serde(default = "default_tracking")]
-    pub tracking: Vec<String>,
+    /// where the metrics go: `jsonl` (metrics.jsonl, always written) and `tensorboard` (event files under the run directory's tensorboard/, with the graph and sampled generations; W&B imports them)
+    #[param(default = serde_json::json!(["jsonl"]))]
+    pub tracking: Vec<Tracker>,
 }
 
-fn default_tracking() -> Vec<String> {
-    vec!["jsonl".into()]
+/// A destination of the metrics (`[run] tracking`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ParamChoice)]
+pub enum Tracker {
+    Jsonl,
+    Tensorboard,
 }
 
 impl RunConfig {
     /// Whether the run writes TensorBoard event files (`tracking` has `tensorboard`).
     pub fn tensorboard(&self) -> bool {
-        self.tracking.iter().any(|t| t == "tensorboard")
+        self.tracking.contains(&Tracker::Tensorboard)
     }
 }
 

@@ -6,6 +6,8 @@
 //! (`run`), with metrics, checkpoints and progress. Node kinds plug in through the [`NodeKind`] /
 //! [`Node`] traits (see [`node`]); the engine never imports a concrete node kind.
 
+// The derives emit `::flowrl_engine::…` paths; this lets the engine derive its own `[run]`.
+extern crate self as flowrl_engine;
 pub mod cli;
 pub mod compile;
 pub mod context;
@@ -36,7 +38,7 @@ pub use context::{BuildContext, Media, StepContext, derive_seed};
 pub use device::{DeviceRequest, DeviceSpec};
 pub use diagnostic::{Code, Diagnostic, Severity, Span};
 pub use flowrl_derive::{ParamChoice, Params};
-pub use graph::{Graph, RunConfig};
+pub use graph::{Graph, RunConfig, Tracker};
 pub use node::{Capability, Node, NodeKind, NodeTable, NodeView, ResourceView, ValidateCtx};
 pub use params::{ChoiceError, ParamChoice, ParamField, ParamSchema, ParamSpec, ParamType, Params};
 pub use placement::{Cluster, Launch, Placement, on_run_end, on_stop_vote, run_ended, stop_voted};

@@ -127,7 +127,7 @@ pub struct RunSummary {
 /// its own directory: `rank` (given when the run has several processes) adds a `-rankR` suffix.
 pub fn default_run_dir(graph: &Graph, graph_file: Option<&Path>, rank: Option<usize>) -> PathBuf {
     let base = match &graph.run.out {
-        Some(o) => PathBuf::from(o),
+        Some(o) => o.clone(),
         None => {
             let stem = graph_file
                 .and_then(|p| p.file_stem())

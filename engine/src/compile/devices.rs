@@ -8,6 +8,7 @@
 
 use crate::device::{DeviceRequest, DeviceSpec, Machine, Unavailable};
 use crate::diagnostic::{Code, Diagnostic, Span};
+use crate::params::{ParamSpec, ParamType};
 use crate::spec::{SEntry, SKind, STable};
 
 use super::nodes::NodeDraft;
@@ -22,6 +23,18 @@ pub(super) struct Placement {
 impl Placement {
     pub fn new(machine: Machine) -> Self {
         Placement { machine }
+    }
+
+    /// The `[run]` keys this stage reads, as parameters of the section.
+    pub fn run_specs() -> Vec<ParamSpec> {
+        vec![
+            ParamSpec::string("device")
+                .default("auto")
+                .doc("`auto` | `cpu` | `cpu:N` | `cuda` | `cuda:N` | `vulkan` | `vulkan:N`; `auto` is CUDA when built with it and a GPU is present; short for `devices = [\"X\"]`"),
+            ParamSpec::array("devices", ParamType::String).doc(
+                "the devices of this process, all CPU replicas or all GPUs (`[\"cuda:0\", \"cuda:1\"]`): data-parallel nodes run one replica on each; instead of `device`",
+            ),
+        ]
     }
 
     /// `[run] device` or `[run] devices`, resolved on the target machine (`auto` without
