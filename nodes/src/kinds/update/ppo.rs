@@ -758,3 +758,24 @@ fn loss_diagnostics(ctx: &ValidateCtx, p: &PpoParams) -> Vec<Diagnostic> {
 }
 
 flowrl_engine::register_node_kind!(PpoUpdateKind);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every option a policy loss reads ([`PolicyLossMode::reads`], verl's names) is a parameter
+    /// of update.ppo under that name: a field renamed on one side only fails here, where it
+    /// would otherwise silently drop the "has no effect" warning of [`loss_diagnostics`].
+    #[test]
+    fn every_option_a_loss_reads_is_an_update_ppo_parameter() {
+        let keys: Vec<String> = PpoParams::param_specs().into_iter().map(|s| s.name).collect();
+        for (mode, name) in PolicyLossMode::ALL {
+            for key in mode.reads() {
+                assert!(
+                    keys.iter().any(|k| k == key),
+                    "policy_loss = \"{name}\" reads `{key}`, which update.ppo does not declare"
+                );
+            }
+        }
+    }
+}
