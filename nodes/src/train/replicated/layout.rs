@@ -14,7 +14,7 @@ use crate::runtime::backend::FlowBackend;
 use crate::train::PartialStep;
 use crate::train::grad_sum::StepGrads;
 
-use super::Trained;
+use super::copies::Trained;
 
 /// The owner (global replica index) of each trainable parameter of sizes `numels` (module
 /// order) on `world` replicas: contiguous runs of about `total / world` values, a parameter
@@ -380,7 +380,7 @@ pub(super) fn write_values<B: FlowBackend, M: Module<B>>(
 /// `module` as replica `replica` holds it when the masters are sharded (`owner`: each trainable
 /// parameter's replica, [`owners`]): the trainable parameters of its backbone that it owns stay
 /// f32 masters; the others become new leaves in `dtype`, the compute precision (a no-op for those already in it). The
-/// forward view ([`crate::resources::model::compute_view`]) casts every backbone weight to
+/// forward view ([`Model::compute_view`](flowrl_models::Model::compute_view)) casts every backbone weight to
 /// `dtype`, so the forward computes with the same values; the gradient a weight held in `dtype`
 /// receives, widened to f32 ([`GradSum`]), is the one its master would have received through the
 /// cast. A value model's head stays f32 on every replica (its forward is f32).

@@ -11,8 +11,8 @@ use crate::runtime::backend::{FlowBackend, device_of};
 use crate::runtime::data_parallel::Replicas;
 use crate::train::optim::AdamW;
 
+use super::copies::{Sharding, TrainCopy, Trained};
 use super::layout::Layout;
-use super::{Sharding, TrainCopy, Trained};
 
 /// Whether local replica `local` of `replicas` trains on the model resource's own weights
 /// (the first replica, when it lives on the resource's device).

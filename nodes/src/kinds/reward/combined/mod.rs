@@ -59,9 +59,6 @@ pub struct CombinedRewardKind;
 /// The built-in rules a weight can name, as `BuiltinReward::from_name` reads them.
 const BUILTIN_RULES: [&str; 3] = ["geo3k", "exact_match", "format"];
 
-/// The component that `eval` and `critic/score/acc/mean` read as the accuracy.
-const ACCURACY: &str = "acc";
-
 #[derive(Deserialize, Params)]
 struct CombinedParams {
     /// weight per term, by name: a scores input, or a built-in rule (geo3k, exact_match, format)

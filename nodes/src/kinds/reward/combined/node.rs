@@ -9,9 +9,11 @@ use anyhow::{Context, Result};
 use flowrl_algorithms::rewards::{BuiltinReward, RewardFunction};
 use flowrl_engine::{Inputs, Node, Outputs, StepContext};
 
-use super::ACCURACY;
 use crate::kinds::reward::support::{ROLLOUTS, SCORES, ScoreColumns, log_score_metrics};
 use crate::values::{RolloutBatch, ScoreBatch};
+
+/// The component that `eval` and `critic/score/acc/mean` read as the accuracy.
+const ACCURACY: &str = "acc";
 
 /// One weighted term.
 pub(super) struct Term {
