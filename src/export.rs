@@ -23,7 +23,7 @@ use flowrl_models::Model;
 use flowrl_models::lora::{AdapterInit, read_peft_adapter};
 use flowrl_models::model::copy_side_files;
 use flowrl_models::weights::Precision;
-use flowrl_nodes::backend::HostBackend;
+use flowrl_nodes::runtime::backend::HostBackend;
 
 /// Arguments of `flowrl export`.
 #[derive(Debug, Args)]

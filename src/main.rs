@@ -43,11 +43,11 @@ enum Top {
 }
 
 // mimalloc keeping freed memory, so that a step does not fault freed pages in again: see
-// `flowrl_nodes::allocator`.
+// `flowrl_nodes::runtime::allocator`.
 flowrl_nodes::global_allocator!();
 
 fn main() -> ExitCode {
-    flowrl_nodes::allocator::keep_freed_memory();
+    flowrl_nodes::runtime::allocator::keep_freed_memory();
     let cli = Cli::parse();
     match &cli.command {
         Top::Engine(cmd) => execute(cmd, &flowrl_nodes::builtin_registry()),

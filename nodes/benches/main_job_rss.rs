@@ -19,7 +19,7 @@ fn rss_mib() -> f64 {
 
 fn main() {
     // Link the built-in kinds (their `inventory` registrations live in flowrl-nodes).
-    std::hint::black_box(flowrl_nodes::model_resource::ModelKind);
+    std::hint::black_box(flowrl_nodes::resources::model::ModelKind);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     std::env::set_current_dir(root).unwrap();
     let text = std::fs::read_to_string("graphs/grpo_vlm.toml").unwrap();

@@ -29,12 +29,7 @@ pub mod tools;
 pub mod train;
 pub mod values;
 
-// The paths the binary, the bench and plugin crates name (`flowrl_nodes::backend::CpuBackend`,
-// `flowrl_nodes::reward_support::log_score_metrics`, ...).
-pub use kinds::reward::support as reward_support;
-pub use kinds::{rollout, validate};
-pub use resources::model as model_resource;
-pub use runtime::{allocator, backend, data_parallel};
+// The port value types, at the root for plugins (`flowrl_nodes::RolloutBatch`).
 pub use values::{
     AdvantageBatch, PromptBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, TokenValues,
 };

@@ -11,7 +11,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::backend::AutodiffBackend;
-use flowrl_nodes::backend::CpuBackend as AB;
+use flowrl_nodes::runtime::backend::CpuBackend as AB;
 use flowrl_nodes::train::optim::{AdamW, AdamWConfig, clip_grad_norm};
 
 type Inner = <AB as AutodiffBackend>::InnerBackend;

@@ -17,7 +17,7 @@
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
-type Flex = <flowrl_nodes::backend::CpuBackend as AutodiffBackend>::InnerBackend;
+type Flex = <flowrl_nodes::runtime::backend::CpuBackend as AutodiffBackend>::InnerBackend;
 
 /// Pseudo-random values in [-1, 1) from `seed`.
 fn values(n: usize, seed: u64) -> Vec<f32> {

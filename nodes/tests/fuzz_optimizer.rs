@@ -16,7 +16,7 @@ use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use flowrl_nodes::backend::CpuBackend as AB;
+use flowrl_nodes::runtime::backend::CpuBackend as AB;
 use flowrl_nodes::train::optim::AdamW;
 use flowrl_nodes::train::optim::adamw::{param_shapes, parse_state};
 use proptest::prelude::*;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::{input, root};
 use flowrl_engine::{DeviceSpec, Inputs, Registry, compile};
 use flowrl_models::weights::Precision;
-use flowrl_nodes::model_resource::ModelResource;
+use flowrl_nodes::resources::model::ModelResource;
 use flowrl_nodes::values::{RolloutBatch, ScoreBatch, TokenMatrix};
 use serde_json::Value;
 

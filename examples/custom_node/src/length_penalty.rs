@@ -4,7 +4,7 @@
 
 use flowrl_engine::{BuildContext, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec};
 use flowrl_engine::{Params, Port, PortSpec, StepContext};
-use flowrl_nodes::reward_support::log_score_metrics;
+use flowrl_nodes::kinds::reward::support::log_score_metrics;
 use flowrl_nodes::values::port_types;
 use flowrl_nodes::{RolloutBatch, ScoreBatch};
 

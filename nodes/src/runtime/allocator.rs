@@ -13,7 +13,7 @@
 //! ```ignore
 //! flowrl_nodes::global_allocator!();
 //! // first thing in main():
-//! flowrl_nodes::allocator::keep_freed_memory();
+//! flowrl_nodes::runtime::allocator::keep_freed_memory();
 //! ```
 //!
 //! `MIMALLOC_*` environment variables are read at start-up, before `main`; the call overrides

@@ -5,7 +5,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use flowrl_models::Model;
-use flowrl_nodes::backend::CpuBackend;
+use flowrl_nodes::runtime::backend::CpuBackend;
 
 type Ad = CpuBackend;
 type Inner = <Ad as burn::tensor::backend::AutodiffBackend>::InnerBackend;

@@ -10,7 +10,7 @@ use flowrl_engine::{
 };
 use flowrl_models::weights::Precision;
 use flowrl_nodes::RolloutBatch;
-use flowrl_nodes::model_resource::ModelResource;
+use flowrl_nodes::resources::model::ModelResource;
 use flowrl_nodes::values::{AdvantageBatch, TokenLogProbs, TokenMatrix, TokenValues, port_types};
 
 use super::{close, f32_tensors, max_abs_diff, root};

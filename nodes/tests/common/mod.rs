@@ -16,7 +16,7 @@ use flowrl_engine::{
     StepContext, Value, compile,
 };
 use flowrl_models::weights::Precision;
-use flowrl_nodes::model_resource::ModelResource;
+use flowrl_nodes::resources::model::ModelResource;
 use flowrl_nodes::values::{AdvantageBatch, TokenLogProbs, TokenMatrix};
 use flowrl_nodes::{PromptBatch, RolloutBatch};
 
@@ -204,7 +204,7 @@ impl Built {
         }
         let m = self.resources.get::<ModelResource>("policy").unwrap();
         let mut d = Dtypes(Vec::new());
-        m.lock::<flowrl_nodes::backend::CpuBackend>()
+        m.lock::<flowrl_nodes::runtime::backend::CpuBackend>()
             .unwrap()
             .model
             .visit(&mut d);
@@ -215,7 +215,7 @@ impl Built {
     /// then its copies' (by local replica index).
     pub fn optimizer_values(&self) -> Vec<usize> {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
         let mut out = vec![s.optimizer.as_ref().map_or(0, |o| o.state_values())];
         for c in s.copies.iter().flatten() {
             out.push(c.optimizer.as_ref().map_or(0, |o| o.state_values()));
@@ -237,13 +237,13 @@ impl Built {
                 }
             }
         }
-        let count = |m: &flowrl_models::Model<flowrl_nodes::backend::CpuBackend>| {
+        let count = |m: &flowrl_models::Model<flowrl_nodes::runtime::backend::CpuBackend>| {
             let mut c = Masters(0);
             m.visit(&mut c);
             c.0
         };
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
         let mut out = vec![count(&s.model)];
         out.extend(s.copies.iter().flatten().map(|c| count(&c.model)));
         out
@@ -253,7 +253,7 @@ impl Built {
     /// lists them.
     pub fn copies_values(&self) -> Vec<Vec<f32>> {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
         s.copies
             .iter()
             .flatten()
@@ -264,7 +264,7 @@ impl Built {
     /// The policy's own weights in memory, parameter after parameter in module order.
     pub fn model_values(&self) -> Vec<f32> {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::backend::CpuBackend>().unwrap();
+        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
         float_values(&s.model)
     }
 
