@@ -51,8 +51,9 @@ use flowrl_models::Model;
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
 use flowrl_nodes::train::checkpoint::{TrunkBackward, checkpointed_trunk};
+use flowrl_nodes::train::chunked_backward::chunked_loss_backward;
+use flowrl_nodes::train::grad_sum::GradSum;
 use flowrl_nodes::train::optim::{AdamW, AdamWConfig};
-use flowrl_nodes::train::sequences::chunked_loss_backward;
 
 #[path = "workload.rs"]
 mod workload;
@@ -210,11 +211,20 @@ fn measured_update(model: &mut Model<Ad>, x: &Batch, device: &FlexDevice) -> Res
         mem("trunk forward (live: kept for the backward)");
         let t1 = Instant::now();
         let response = (response, backward);
-        let out = chunked_loss_backward(model, model, response, labels, 1.0, chunk(), |lp, _| {
-            ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, device)
-        })?;
+        let mut sum = GradSum::on_device();
+        let out = chunked_loss_backward(
+            model,
+            model,
+            response,
+            labels,
+            1.0,
+            chunk(),
+            |lp, _| ppo_loss(Tensor::from_inner(lp.clone().inner()), lp, device),
+            &mut sum,
+        )?;
         let _ = out.values.entropy.mean().into_scalar();
-        (t1, out.grads.context("non-finite loss")?)
+        let grads = out.loss.is_finite().then(|| sum.into_device());
+        (t1, grads.context("non-finite loss")?)
     };
     let t2 = Instant::now();
     mem("backward (live: gradients)");
