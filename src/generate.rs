@@ -28,13 +28,13 @@ use flowrl_engine::device::Machine;
 use flowrl_engine::diagnostic::{SourceMap, render};
 use flowrl_engine::{Code, DeviceRequest, DeviceSpec, Diagnostic, Span};
 use flowrl_models::weights::Precision;
-use flowrl_nodes::runtime::backend::BackendKind;
-use flowrl_nodes::runtime::data_parallel::Replicas;
-use flowrl_nodes::resources::model::ModelResource;
 use flowrl_nodes::kinds::rollout::{
     KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS, RolloutParams, sample_rollouts_seeded, stop_token_ids,
 };
 use flowrl_nodes::kinds::validate::context_length_of;
+use flowrl_nodes::resources::model::ModelResource;
+use flowrl_nodes::runtime::backend::BackendKind;
+use flowrl_nodes::runtime::data_parallel::Replicas;
 use serde_json::{Value as Json, json};
 
 /// `max_new_tokens` when neither the flag nor generation_config.json gives one.

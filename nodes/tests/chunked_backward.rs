@@ -27,10 +27,10 @@ use flowrl_algorithms::{
 use flowrl_engine::DeviceSpec;
 use flowrl_models::Model;
 use flowrl_models::weights::Precision;
-use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::kinds::update::ppo_loss::PpoLoss;
 use flowrl_nodes::kinds::update::sft::{sft_loss, target_batch};
 use flowrl_nodes::resources::model::ModelResource;
+use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::train::sequences::SequenceBatch;
 use flowrl_nodes::values::TokenMatrix;
 use flowrl_nodes::{PromptBatch, RolloutBatch};

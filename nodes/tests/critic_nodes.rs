@@ -13,8 +13,8 @@ use flowrl_engine::{
     BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Payload,
     Placement, Port, PortSpec, Registry, Session, Severity, StepContext, Value, compile,
 };
-use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::resources::model::ModelResource;
+use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::values::{AdvantageBatch, RolloutBatch, TokenValues, port_types};
 
 const ROLLOUTS: Port<RolloutBatch> = Port::new("rollouts", port_types::ROLLOUTS);

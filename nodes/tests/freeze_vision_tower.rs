@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 use flowrl_engine::{DeviceSpec, Registry, Session, compile};
 use flowrl_models::weights::WeightVisitor;
-use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::resources::model::ModelResource;
+use flowrl_nodes::runtime::backend::CpuBackend;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

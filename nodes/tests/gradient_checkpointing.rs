@@ -26,8 +26,8 @@ use flowrl_engine::DeviceSpec;
 use flowrl_models::layer_input_slice;
 use flowrl_models::lora::{AdapterInit, DropoutScope, LoraConfig};
 use flowrl_models::weights::Precision;
-use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::resources::model::ModelResource;
+use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::train::checkpoint::TrunkBackward;
 use flowrl_nodes::train::sequences::SequenceBatch;
 

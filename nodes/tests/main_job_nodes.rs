@@ -15,8 +15,8 @@ use flowrl_engine::{
     BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
     Port, PortSpec, Registry, Session, StepContext, compile,
 };
-use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::resources::model::ModelResource;
+use flowrl_nodes::runtime::backend::CpuBackend;
 use flowrl_nodes::values::{
     AdvantageBatch, RolloutBatch, ScoreBatch, TokenLogProbs, TokenMatrix, port_types,
 };

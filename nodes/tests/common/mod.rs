@@ -215,7 +215,9 @@ impl Built {
     /// then its copies' (by local replica index).
     pub fn optimizer_values(&self) -> Vec<usize> {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
+        let s = m
+            .lock::<flowrl_nodes::runtime::backend::CpuBackend>()
+            .unwrap();
         let mut out = vec![s.optimizer.as_ref().map_or(0, |o| o.state_values())];
         for c in s.copies.iter().flatten() {
             out.push(c.optimizer.as_ref().map_or(0, |o| o.state_values()));
@@ -243,7 +245,9 @@ impl Built {
             c.0
         };
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
+        let s = m
+            .lock::<flowrl_nodes::runtime::backend::CpuBackend>()
+            .unwrap();
         let mut out = vec![count(&s.model)];
         out.extend(s.copies.iter().flatten().map(|c| count(&c.model)));
         out
@@ -253,7 +257,9 @@ impl Built {
     /// lists them.
     pub fn copies_values(&self) -> Vec<Vec<f32>> {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
+        let s = m
+            .lock::<flowrl_nodes::runtime::backend::CpuBackend>()
+            .unwrap();
         s.copies
             .iter()
             .flatten()
@@ -264,7 +270,9 @@ impl Built {
     /// The policy's own weights in memory, parameter after parameter in module order.
     pub fn model_values(&self) -> Vec<f32> {
         let m = self.resources.get::<ModelResource>("policy").unwrap();
-        let s = m.lock::<flowrl_nodes::runtime::backend::CpuBackend>().unwrap();
+        let s = m
+            .lock::<flowrl_nodes::runtime::backend::CpuBackend>()
+            .unwrap();
         float_values(&s.model)
     }
 

@@ -768,7 +768,10 @@ mod tests {
     /// would otherwise silently drop the "has no effect" warning of [`loss_diagnostics`].
     #[test]
     fn every_option_a_loss_reads_is_an_update_ppo_parameter() {
-        let keys: Vec<String> = PpoParams::param_specs().into_iter().map(|s| s.name).collect();
+        let keys: Vec<String> = PpoParams::param_specs()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         for (mode, name) in PolicyLossMode::ALL {
             for key in mode.reads() {
                 assert!(

@@ -395,7 +395,8 @@ impl<B: AutodiffBackend> ModuleMapper<B> for StepMapper<'_, B> {
         let bias1 = 1.0 - c.beta1.powi(step as i32);
         let bias2 = 1.0 - c.beta2.powi(step as i32);
         let step_size = self.lr / bias1;
-        let (updated, exp_avg, exp_avg_sq) = if self.fused && is_host_f32(&p) && is_host_f32(&grad) {
+        let (updated, exp_avg, exp_avg_sq) = if self.fused && is_host_f32(&p) && is_host_f32(&grad)
+        {
             let k = Coefficients {
                 beta1: c.beta1 as f32,
                 one_minus_beta1: (1.0 - c.beta1) as f32,
