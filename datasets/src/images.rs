@@ -16,6 +16,14 @@
 
 use image::{DynamicImage, ImageFormat, RgbImage};
 
+/// One entry of the `images` list: the encoded file (bytes win over path, as in `datasets`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedImage {
+    pub bytes: Vec<u8>,
+    /// The stored path, if any (informational; a path-only entry has been read from disk).
+    pub path: Option<String>,
+}
+
 /// The encoded formats a prompt image may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EncodedFormat {

@@ -19,7 +19,7 @@ use flowrl_models::VideoFrames;
 use image::RgbImage;
 use serde::{Deserialize, Serialize};
 
-use crate::verl::EncodedImage;
+use crate::images::EncodedImage;
 
 /// The placeholder verl writes into message text for a video.
 pub const VIDEO_PLACEHOLDER: &str = "<video>";

@@ -10,12 +10,13 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, StructArray};
 use serde_json::Value as Json;
 
-use super::values::{bytes_at, child, list_at, str_at, to_json};
-use super::{
-    ChatMessage, EncodedImage, ReadOptions, RowRef, SkippedRow, VerlRow, count_placeholders,
+use super::types::{
+    ChatMessage, ReadOptions, RowRef, SkippedRow, VerlRow, count_placeholders,
     count_video_placeholders,
 };
+use super::values::{bytes_at, child, list_at, str_at, to_json};
 use crate::error::DataError;
+use crate::images::EncodedImage;
 use crate::video::EncodedVideo;
 
 /// The projected columns of one record batch, with what is needed to check a row of it.
