@@ -46,11 +46,11 @@ use burn_cubecl::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
 use flowrl_models::generate::{GenerationConfig, ModelParts, PromptInput, generate};
 use flowrl_models::sampling::SamplingConfig;
 use flowrl_models::{Model, PaddedBatch};
-use flowrl_nodes::backend::FlowBackend;
+use flowrl_nodes::runtime::backend::FlowBackend;
 use flowrl_nodes::train::checkpoint::TrunkBackward;
+use flowrl_nodes::train::chunked_backward::chunked_loss_backward;
 use flowrl_nodes::train::grad_sum::GradSum;
 use flowrl_nodes::train::optim::{AdamW, AdamWConfig};
-use flowrl_nodes::train::sequences::chunked_loss_backward;
 use serde_json::json;
 
 #[path = "workload.rs"]
@@ -63,7 +63,7 @@ type Gpu = CubeBackend<WgpuRuntime, f32, i32, u8>;
 type GpuAd = Autodiff<Gpu, BalancedCheckpointing>;
 
 /// Response positions per LM-head block on a GPU, as the nodes use them.
-const CHUNK: usize = <flowrl_nodes::backend::VulkanBackend as FlowBackend>::LM_HEAD_CHUNK;
+const CHUNK: usize = <flowrl_nodes::runtime::backend::VulkanBackend as FlowBackend>::LM_HEAD_CHUNK;
 
 fn main() -> Result<()> {
     let out_dir = std::env::args()

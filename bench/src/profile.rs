@@ -60,10 +60,10 @@ mod workload;
 use workload::{Batch, PROMPT, batch, ppo_loss, trunk_inputs};
 
 /// The training backend of the nodes (`Autodiff<Flex, BalancedCheckpointing>`).
-type Ad = flowrl_nodes::backend::CpuBackend;
+type Ad = flowrl_nodes::runtime::backend::CpuBackend;
 
-/// The flowrl binary's allocator (`flowrl_nodes::allocator`), so phases cost what they cost there.
-/// It counts the bytes it holds live and their high-water mark, for `BENCH_MEM=1`.
+/// The flowrl binary's allocator (`flowrl_nodes::runtime::allocator`), so phases cost what they
+/// cost there. It counts the bytes it holds live and their high-water mark, for `BENCH_MEM=1`.
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
@@ -366,7 +366,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    flowrl_nodes::allocator::keep_freed_memory();
+    flowrl_nodes::runtime::allocator::keep_freed_memory();
     let mode = std::env::args().nth(1).unwrap_or_default();
     let reps = env("BENCH_REPS", 3);
     let b = env("BENCH_BATCH", 8);
