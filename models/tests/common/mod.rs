@@ -13,6 +13,7 @@ use safetensors::{Dtype, SafeTensors};
 pub mod gemma4_checks;
 pub mod kernel_checks;
 pub mod lora_checks;
+pub mod qwen3_vl;
 pub mod qwen_checks;
 
 /// `FLOWRL_MODEL_FIXTURES`, or the repository's copy `tests/fixtures/models`.
