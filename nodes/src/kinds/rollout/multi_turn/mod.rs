@@ -50,6 +50,7 @@
 //! that ended at the length budget).
 
 mod batch;
+mod check;
 mod prompts;
 mod row;
 mod turns;
@@ -78,7 +79,7 @@ use crate::tools::render::TurnTemplate;
 use crate::values::trajectory::Finish;
 use crate::values::{PromptBatch, RolloutBatch, Trajectory, port_types};
 
-pub use batch::check_trajectory;
+pub use check::check_trajectory;
 
 /// The `rollout.multi_turn` kind.
 pub struct MultiTurnKind;

@@ -29,97 +29,28 @@
 //! **Use.** One thread runs the collectives of a group, at most one operation at a time; the
 //! other methods may be called from any thread.
 
+mod basics;
 mod ops;
 mod rendezvous;
 mod shared;
 mod wire;
 
-use std::fmt;
 use std::io::{self, BufWriter};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+pub use basics::{GroupError, JoinConfig};
+use basics::{group_error, lock};
 use rendezvous::{rendezvous_peer, rendezvous_root};
 use shared::{Handler, Peer, Shared, State, Writer, heartbeat_loop, reader_loop, watchdog_loop};
 use wire::{Kind, encode_failure};
 
-/// How often a waiting operation looks at the group's failure.
-const POLL: Duration = Duration::from_millis(20);
 /// How long `close` waits for the peers to acknowledge Bye.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-/// How a process joins the group of a run.
-#[derive(Debug, Clone)]
-pub struct JoinConfig {
-    /// "host:port" rank 0 listens on (binds it) and the others connect to.
-    pub address: String,
-    /// This process's rank, in `0..world`.
-    pub rank: usize,
-    /// The number of ranks of the run.
-    pub world: usize,
-    /// What must be equal on every rank, as (name, value) pairs, e.g. `("graph", "<hash>")`,
-    /// `("resumed from step", "40")`. Rank 0 refuses a rank whose list differs and names the first
-    /// differing name with both values.
-    pub fingerprint: Vec<(String, String)>,
-    /// How long the rendezvous waits for all ranks (non-root ranks retry connecting every
-    /// ~100 ms until then).
-    pub join_timeout: Duration,
-    /// How long one collective waits for the other ranks to reach it (a rank alive but not
-    /// arriving: a deadlock or a very slow step).
-    pub op_timeout: Duration,
-    /// A peer from which nothing (not even a heartbeat) has arrived for this long is declared
-    /// stalled. Heartbeats are sent every `liveness / 4` by a background thread.
-    pub liveness: Duration,
-}
-
-/// Why the group cannot go on, and the rank blamed, if any.
-#[derive(Debug, Clone)]
-pub struct GroupError {
-    /// What happened, naming the ranks, the operation and the address involved.
-    pub message: String,
-    /// The rank blamed, if any.
-    pub rank: Option<usize>,
-}
-
-impl fmt::Display for GroupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for GroupError {}
-
-fn group_error(message: impl Into<String>, rank: Option<usize>) -> GroupError {
-    GroupError {
-        message: message.into(),
-        rank,
-    }
-}
-
-/// "30 s", "1.5 s".
-fn secs(duration: Duration) -> String {
-    let s = duration.as_secs_f64();
-    if s >= 10.0 || (s - s.round()).abs() < 1e-9 {
-        format!("{} s", s.round() as u64)
-    } else {
-        format!("{s:.1} s")
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn setup(stream: &TcpStream, liveness: Duration) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    stream.set_write_timeout(Some(liveness.max(Duration::from_millis(10))))
-}
 
 type Inbox = Mutex<Receiver<(String, Vec<f32>)>>;
 

@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Instant;
 
+use super::TcpGroup;
+use super::basics::{GroupError, POLL, group_error, lock, secs};
 use super::wire::Kind;
-use super::{GroupError, POLL, TcpGroup, group_error, lock, secs};
 
 /// What rank 0 answers in a collective: rank r receives `values[parts[r]]`.
 struct Answer {

@@ -6,10 +6,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::basics::{GroupError, JoinConfig, POLL, group_error, secs, setup};
 use super::wire::{
     Kind, decode_failure, decode_fields, encode_failure, encode_fields, read_frame, send_once,
 };
-use super::{GroupError, JoinConfig, POLL, group_error, secs, setup};
 
 /// The first field of every Hello; ranks speaking another version are refused.
 const PROTOCOL: &str = "flowrl-collective/1";

@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::basics::{GroupError, group_error, lock, secs};
 use super::wire::{Kind, decode_failure, encode_failure, read_frame, write_frame};
-use super::{GroupError, group_error, lock, secs};
 
 pub(super) type Handler = Arc<dyn Fn(&GroupError) + Send + Sync>;
 

@@ -4,7 +4,7 @@
 use std::io::{self, BufWriter, Read, Write};
 use std::net::TcpStream;
 
-use super::{GroupError, group_error};
+use super::basics::{GroupError, group_error};
 
 /// Payloads are converted to and from bytes in pieces of this size.
 const CHUNK_BYTES: usize = 1 << 20;
