@@ -21,9 +21,9 @@
 //! - the LM head: `[rows, chunk, V]` f32 logits per block of `chunk` response positions,
 //!   `LOGIT_COPIES` (inference) or `LOGIT_COPIES_TRAINING` of them alive at once.
 //!
-//! The coefficients count the buffers of the code paths (`models/src/layers.rs`,
-//! `nodes/src/train/sequences.rs`); `bench/results/plan.md` holds the measurements they are
-//! checked against (the tiny models' un-checkpointed training keeps more than they count).
+//! The coefficients count the buffers of the code paths (`models/src/layers/`,
+//! `nodes/src/train/sequences/`, `nodes/src/train/chunked_backward.rs`); `bench/results/plan.md`
+//! holds the measurements they are checked against (the tiny models' un-checkpointed training keeps more than they count).
 
 use std::sync::Arc;
 
@@ -651,7 +651,7 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
     if world > 1 {
         // Each of this process's replicas hands its host sum to the collective; the all-reduce
         // returns one of the same size, the reduce-scatter (stage 2) the replica's share
-        // (nodes/src/train/replicated.rs).
+        // (nodes/src/train/replicated/).
         let local = ctx.local_replicas() as u64;
         let back = if t.zero_stage >= 2 { held } else { trained };
         optimizer.push(
