@@ -38,15 +38,18 @@ pub struct ClipCovConfig {
 
 impl Default for ClipCovConfig {
     fn default() -> Self {
-        Self {
-            ratio: 0.0002,
-            lb: 1.0,
-            ub: 5.0,
-        }
+        Self::DEFAULT
     }
 }
 
 impl ClipCovConfig {
+    /// verl's defaults (also those of `update.ppo`'s `clip_cov_*` parameters).
+    pub const DEFAULT: ClipCovConfig = ClipCovConfig {
+        ratio: 0.0002,
+        lb: 1.0,
+        ub: 5.0,
+    };
+
     /// verl asserts `clip_cov_ratio > 0` (its message names it `clip_ratio`); the bounds must not
     /// be NaN.
     pub fn validate(&self) -> Result<()> {

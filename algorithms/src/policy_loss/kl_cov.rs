@@ -34,14 +34,17 @@ pub struct KlCovConfig {
 
 impl Default for KlCovConfig {
     fn default() -> Self {
-        Self {
-            ratio: 0.0002,
-            coef: 0.1,
-        }
+        Self::DEFAULT
     }
 }
 
 impl KlCovConfig {
+    /// verl's defaults (also those of `update.ppo`'s `kl_cov_ratio` and `ppo_kl_coef`).
+    pub const DEFAULT: KlCovConfig = KlCovConfig {
+        ratio: 0.0002,
+        coef: 0.1,
+    };
+
     /// verl asserts `kl_cov_ratio > 0` (same message); a ratio above 1 fails later, where it
     /// asks for more tokens than there are (see [`policy_loss_kl_cov`]).
     pub fn validate(&self) -> Result<()> {

@@ -275,21 +275,24 @@ pub struct PolicyLossConfig {
 }
 
 impl Default for PolicyLossConfig {
-    /// `vanilla` with verl's defaults for every option.
     fn default() -> Self {
-        Self {
-            loss_mode: PolicyLossMode::Vanilla,
-            clip: ClipConfig::default(),
-            tau_pos: 1.0,
-            tau_neg: 1.05,
-            clip_cov: ClipCovConfig::default(),
-            kl_cov: KlCovConfig::default(),
-            dro_beta: None,
-        }
+        Self::DEFAULT
     }
 }
 
 impl PolicyLossConfig {
+    /// `vanilla` with verl's defaults for every option (also the defaults of `update.ppo`'s
+    /// parameters).
+    pub const DEFAULT: PolicyLossConfig = PolicyLossConfig {
+        loss_mode: PolicyLossMode::Vanilla,
+        clip: ClipConfig::DEFAULT,
+        tau_pos: 1.0,
+        tau_neg: 1.05,
+        clip_cov: ClipCovConfig::DEFAULT,
+        kl_cov: KlCovConfig::DEFAULT,
+        dro_beta: None,
+    };
+
     /// Checks the options the chosen loss reads (verl's assertions and errors, same messages).
     pub fn validate(&self) -> Result<()> {
         match self.loss_mode {

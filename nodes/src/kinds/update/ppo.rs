@@ -58,8 +58,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail, ensure};
 use burn::prelude::Tensor;
 use flowrl_algorithms::{
-    ClipConfig, ClipCovConfig, GlobalBatchInfo, KlCovConfig, KlEstimator, LossAggMode,
-    LossAggregation, PolicyLossConfig, PolicyLossMode, masked_mean,
+    GlobalBatchInfo, KlEstimator, LossAggMode, LossAggregation, PolicyLossMode, masked_mean,
 };
 use flowrl_engine::{
     BuildContext, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec, Params,
@@ -72,7 +71,7 @@ use serde::Deserialize;
 
 use crate::sizing::{Training, planned_pass, training_footprint};
 
-use crate::kinds::update::ppo_loss::PpoLoss;
+use crate::kinds::update::ppo_loss::{PolicyLossParams, PpoLoss};
 use crate::kinds::update::support::{
     ADVANTAGES, DONE, ROLLOUTS, done_output, mean, mini_batch_diagnostics, skipped_and_means,
     split_batches, trainable_model,
@@ -124,49 +123,8 @@ struct PpoParams {
     /// passes over the batch
     #[param(default = 1, min = 1.0)]
     ppo_epochs: usize,
-    /// policy loss by verl's name (actor.policy_loss.loss_mode; vanilla = PPO-clip with dual
-    /// clip); the options below say which losses read them, and `flowrl validate` warns about a
-    /// set option the loss ignores
-    #[serde(deserialize_with = "flowrl_engine::params::by_name")]
-    #[param(one_of = &PolicyLossMode::ALL.map(|(_, n)| n), default = "vanilla")]
-    policy_loss: PolicyLossMode,
-    /// ε: bounds the ratio (vanilla, gspo, clip_cov, cispo), the probability difference or
-    /// binary KL (dppo_*), the log-ratio (geo_mean)
-    #[param(default = ClipConfig::DEFAULT.clip_ratio, min = 0.0)]
-    clip_ratio: f64,
-    /// lower ε (default clip_ratio)
-    #[param(min = 0.0)]
-    clip_ratio_low: Option<f64>,
-    /// upper ε (default clip_ratio; > low is clip-higher)
-    #[param(min = 0.0)]
-    clip_ratio_high: Option<f64>,
-    /// dual-clip constant (vanilla); importance-ratio truncation (dppo_*)
-    #[param(default = ClipConfig::DEFAULT.clip_ratio_c, gt = 1.0)]
-    clip_ratio_c: f64,
-    /// sapo: gate temperature where A > 0
-    #[param(default = 1.0, gt = 0.0)]
-    tau_pos: f64,
-    /// sapo: gate temperature where A <= 0
-    #[param(default = 1.05, gt = 0.0)]
-    tau_neg: f64,
-    /// clip_cov: at most this fraction of the tokens is detached
-    #[param(default = 0.0002, gt = 0.0)]
-    clip_cov_ratio: f64,
-    /// clip_cov: a detached token's covariance is above this
-    #[param(default = 1.0)]
-    clip_cov_lb: f64,
-    /// clip_cov: a detached token's covariance is below this
-    #[param(default = 5.0)]
-    clip_cov_ub: f64,
-    /// kl_cov: fraction of the tokens (largest covariance) that get the KL penalty
-    #[param(default = 0.0002, gt = 0.0, max = 1.0)]
-    kl_cov_ratio: f64,
-    /// kl_cov: coefficient of the |log-ratio| penalty
-    #[param(default = 0.1)]
-    ppo_kl_coef: f64,
-    /// dro: β of the ½·β·δ² penalty (required by dro)
-    #[param(gt = 0.0)]
-    dro_beta: Option<f64>,
+    #[serde(flatten)]
+    loss: PolicyLossParams,
     /// loss aggregation (verl loss_agg_mode; gspo and sapo aggregate their policy loss
     /// seq-mean-token-mean, geo_mean per sequence, whatever it says)
     #[serde(deserialize_with = "flowrl_engine::params::by_name")]
@@ -351,27 +309,7 @@ impl NodeKind for PpoUpdateKind {
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         let p: PpoParams = params.parse()?;
         let model = trainable_model(ctx, &p.model)?;
-        let policy = PolicyLossConfig {
-            loss_mode: p.policy_loss,
-            clip: ClipConfig {
-                clip_ratio: p.clip_ratio,
-                clip_ratio_low: p.clip_ratio_low,
-                clip_ratio_high: p.clip_ratio_high,
-                clip_ratio_c: p.clip_ratio_c,
-            },
-            tau_pos: p.tau_pos,
-            tau_neg: p.tau_neg,
-            clip_cov: ClipCovConfig {
-                ratio: p.clip_cov_ratio,
-                lb: p.clip_cov_lb,
-                ub: p.clip_cov_ub,
-            },
-            kl_cov: KlCovConfig {
-                ratio: p.kl_cov_ratio,
-                coef: p.ppo_kl_coef,
-            },
-            dro_beta: p.dro_beta,
-        };
+        let policy = p.loss.config();
         policy.validate()?;
         let mode = p.loss_agg_mode;
         let kl = p.kl.map(|k| (k.estimator, k.coef));
@@ -685,7 +623,7 @@ impl PpoUpdateNode {
 /// The policy loss's diagnostics: a warning for each option the graph sets that the chosen loss
 /// ignores (as verl ignores it), and DRO's required `dro_beta`.
 fn loss_diagnostics(ctx: &ValidateCtx, p: &PpoParams) -> Vec<Diagnostic> {
-    let loss = p.policy_loss;
+    let loss = p.loss.policy_loss;
     let mut out = Vec::new();
     let reads = loss.reads();
     // Every option of any loss, in declaration order.
@@ -748,7 +686,7 @@ fn loss_diagnostics(ctx: &ValidateCtx, p: &PpoParams) -> Vec<Diagnostic> {
         }
         _ => {}
     }
-    if loss == PolicyLossMode::Dro && p.dro_beta.is_none() {
+    if loss == PolicyLossMode::Dro && p.loss.dro_beta.is_none() {
         out.push(ctx.error(
             "policy_loss",
             "policy_loss = \"dro\" needs `dro_beta` > 0 (verl: policy_loss.dro_beta must be a positive value when using DRO)",
@@ -758,27 +696,3 @@ fn loss_diagnostics(ctx: &ValidateCtx, p: &PpoParams) -> Vec<Diagnostic> {
 }
 
 flowrl_engine::register_node_kind!(PpoUpdateKind);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every option a policy loss reads ([`PolicyLossMode::reads`], verl's names) is a parameter
-    /// of update.ppo under that name: a field renamed on one side only fails here, where it
-    /// would otherwise silently drop the "has no effect" warning of [`loss_diagnostics`].
-    #[test]
-    fn every_option_a_loss_reads_is_an_update_ppo_parameter() {
-        let keys: Vec<String> = PpoParams::param_specs()
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
-        for (mode, name) in PolicyLossMode::ALL {
-            for key in mode.reads() {
-                assert!(
-                    keys.iter().any(|k| k == key),
-                    "policy_loss = \"{name}\" reads `{key}`, which update.ppo does not declare"
-                );
-            }
-        }
-    }
-}

@@ -1,16 +1,20 @@
 //! The loss of `update.ppo` on one micro-batch (see [`super::ppo`]'s module doc):
 //! `pg_loss − entropy_coeff · agg(entropy) + kl.coef · agg(kl(logπ, logπ_ref))`, from the
-//! algorithm functions of `flowrl_algorithms`, on tensors of any backend.
+//! algorithm functions of `flowrl_algorithms`, on tensors of any backend; and the parameters of
+//! its policy loss ([`PolicyLossParams`]).
 
 use anyhow::Result;
 use burn::prelude::{Backend, Tensor};
 use flowrl_algorithms::{
-    GlobalBatchInfo, KlEstimator, LossAggMode, PolicyLossConfig, PolicyLossInputs,
-    PolicyLossOutput, agg_loss, compute_policy_loss, kl_penalty,
+    ClipConfig, ClipCovConfig, GlobalBatchInfo, KlCovConfig, KlEstimator, LossAggMode,
+    PolicyLossConfig, PolicyLossInputs, PolicyLossMode, PolicyLossOutput, agg_loss,
+    compute_policy_loss, kl_penalty,
 };
+use flowrl_engine::Params;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use serde::Deserialize;
 
 /// The loss of `update.ppo` on one micro-batch (see the module doc):
 /// `pg_loss − entropy_coeff · agg(entropy) + kl.coef · agg(kl(logπ, logπ_ref))`, every `agg`
@@ -85,5 +89,114 @@ impl PpoLoss {
             policy,
             kl_loss,
         })
+    }
+}
+
+/// The policy loss's parameters of `update.ppo`, flat as a graph writes them (verl's names,
+/// defaults from [`PolicyLossConfig::DEFAULT`]); [`PolicyLossParams::config`] nests them as
+/// the algorithms take them.
+#[derive(Debug, Clone, Deserialize, Params)]
+pub struct PolicyLossParams {
+    /// policy loss by verl's name (actor.policy_loss.loss_mode; vanilla = PPO-clip with dual
+    /// clip); the options below say which losses read them, and `flowrl validate` warns about a
+    /// set option the loss ignores
+    #[serde(deserialize_with = "flowrl_engine::params::by_name")]
+    #[param(one_of = &PolicyLossMode::ALL.map(|(_, n)| n), default = "vanilla")]
+    pub policy_loss: PolicyLossMode,
+    /// ε: bounds the ratio (vanilla, gspo, clip_cov, cispo), the probability difference or
+    /// binary KL (dppo_*), the log-ratio (geo_mean)
+    #[param(default = ClipConfig::DEFAULT.clip_ratio, min = 0.0)]
+    pub clip_ratio: f64,
+    /// lower ε (default clip_ratio)
+    #[param(min = 0.0)]
+    pub clip_ratio_low: Option<f64>,
+    /// upper ε (default clip_ratio; > low is clip-higher)
+    #[param(min = 0.0)]
+    pub clip_ratio_high: Option<f64>,
+    /// dual-clip constant (vanilla); importance-ratio truncation (dppo_*)
+    #[param(default = ClipConfig::DEFAULT.clip_ratio_c, gt = 1.0)]
+    pub clip_ratio_c: f64,
+    /// sapo: gate temperature where A > 0
+    #[param(default = PolicyLossConfig::DEFAULT.tau_pos, gt = 0.0)]
+    pub tau_pos: f64,
+    /// sapo: gate temperature where A <= 0
+    #[param(default = PolicyLossConfig::DEFAULT.tau_neg, gt = 0.0)]
+    pub tau_neg: f64,
+    /// clip_cov: at most this fraction of the tokens is detached
+    #[param(default = ClipCovConfig::DEFAULT.ratio, gt = 0.0)]
+    pub clip_cov_ratio: f64,
+    /// clip_cov: a detached token's covariance is above this
+    #[param(default = ClipCovConfig::DEFAULT.lb)]
+    pub clip_cov_lb: f64,
+    /// clip_cov: a detached token's covariance is below this
+    #[param(default = ClipCovConfig::DEFAULT.ub)]
+    pub clip_cov_ub: f64,
+    /// kl_cov: fraction of the tokens (largest covariance) that get the KL penalty
+    #[param(default = KlCovConfig::DEFAULT.ratio, gt = 0.0, max = 1.0)]
+    pub kl_cov_ratio: f64,
+    /// kl_cov: coefficient of the |log-ratio| penalty
+    #[param(default = KlCovConfig::DEFAULT.coef)]
+    pub ppo_kl_coef: f64,
+    /// dro: β of the ½·β·δ² penalty (required by dro)
+    #[param(gt = 0.0)]
+    pub dro_beta: Option<f64>,
+}
+
+impl PolicyLossParams {
+    /// The options as [`compute_policy_loss`] takes them.
+    pub fn config(&self) -> PolicyLossConfig {
+        PolicyLossConfig {
+            loss_mode: self.policy_loss,
+            clip: ClipConfig {
+                clip_ratio: self.clip_ratio,
+                clip_ratio_low: self.clip_ratio_low,
+                clip_ratio_high: self.clip_ratio_high,
+                clip_ratio_c: self.clip_ratio_c,
+            },
+            tau_pos: self.tau_pos,
+            tau_neg: self.tau_neg,
+            clip_cov: ClipCovConfig {
+                ratio: self.clip_cov_ratio,
+                lb: self.clip_cov_lb,
+                ub: self.clip_cov_ub,
+            },
+            kl_cov: KlCovConfig {
+                ratio: self.kl_cov_ratio,
+                coef: self.ppo_kl_coef,
+            },
+            dro_beta: self.dro_beta,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flowrl_engine::ParamSchema;
+
+    use super::*;
+
+    /// Every option a policy loss reads ([`PolicyLossMode::reads`], verl's names) is one of
+    /// these parameters under that name, and every parameter but `policy_loss` is read by some
+    /// loss: a field renamed or added on one side only fails here, where it would otherwise
+    /// silently drop update.ppo's "has no effect" warning.
+    #[test]
+    fn the_loss_parameters_are_the_options_the_losses_read() {
+        let keys: Vec<String> = PolicyLossParams::param_specs()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        let mut read = std::collections::BTreeSet::new();
+        for (mode, name) in PolicyLossMode::ALL {
+            for key in mode.reads() {
+                assert!(
+                    keys.iter().any(|k| k == key),
+                    "policy_loss = \"{name}\" reads `{key}`, which is not a loss parameter"
+                );
+                read.insert(key.to_string());
+            }
+        }
+        for key in keys.iter().filter(|k| *k != "policy_loss") {
+            assert!(read.contains(key), "no policy loss reads `{key}`");
+        }
     }
 }
