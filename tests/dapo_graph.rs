@@ -7,8 +7,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    Registry, Session, StepContext, compile,
+    BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, Registry, Session,
+    StepContext, compile,
 };
 use flowrl_nodes::ScoreBatch;
 use flowrl_nodes::values::port_types;
@@ -132,7 +132,7 @@ fn no_uniform_group_reaches_the_update_and_extra_batches_are_counted() {
         Err(f) => panic!("{}", f.render()),
     };
     assert!(warnings.is_empty());
-    let mut session = Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut session = Session::build(graph, None, None).unwrap();
     for step in 0..3 {
         let report = session.run_step(step, &mut |_| {}).unwrap();
         // 16 prompts per generation batch, 8 of them (the odd ones) kept: two batches a step.

@@ -185,12 +185,7 @@ fn run_steps(graph: Graph, opts: &RunOptions) -> anyhow::Result<RunSummary> {
     let plot = graph.run.plot;
     // Opened before anything is built, so that a tracker that cannot write stops the run now.
     let mut trackers = Trackers::open(&graph.run, &dir.path)?;
-    let mut session = Session::build(
-        graph,
-        devices.clone(),
-        opts.cluster.clone(),
-        Some(dir.path.clone()),
-    )?;
+    let mut session = Session::build(graph, opts.cluster.clone(), Some(dir.path.clone()))?;
     // Written once the graph has built, so that a failed build (a missing model directory, ...)
     // leaves no "run" behind that would block the next attempt; atomically, so that a kill
     // leaves a graph `--resume` can compile.

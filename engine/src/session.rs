@@ -15,7 +15,7 @@
 //! state of a node or resource the graph lacks — and only then loads anything.
 
 use crate::context::BuildContext;
-use crate::device::{DeviceSpec, device_list};
+use crate::device::DeviceSpec;
 use crate::graph::Graph;
 use crate::node::Node;
 use crate::placement::{Cluster, Placement};
@@ -129,60 +129,32 @@ pub struct Session {
 }
 
 impl Session {
-    /// Builds resources (in dependency order) and nodes for a process whose devices are `devices`
-    /// (usually `graph.devices.clone()`) in the run described by `cluster` (`None`: this process
-    /// is the whole run). Each node gets its [`Placement`]: a node pinned with `device` runs on
-    /// that device, which must be among `devices`; a data-parallel kind runs on all of
-    /// `devices`; any other kind on the first, and a resource on its `device` or the first.
-    ///
-    /// When `devices` or the cluster's size differ from what the graph was compiled for, the
-    /// kinds' constraints are checked again for the new replica count (and fail the build).
+    /// Builds resources (in dependency order) and nodes for this process of the run described by
+    /// `cluster` (`None`: this process is the whole run), on the devices the graph was compiled
+    /// for ([`Graph::devices`]). Each node gets its [`Placement`]: a node pinned with `device`
+    /// runs on that device; a data-parallel kind runs on all of the devices; any other kind on
+    /// the first, and a resource on its `device` or the first. The compiler checked the pins and
+    /// the kinds' constraints for these devices and for [`Graph::world`] processes, so a cluster
+    /// of another size is refused.
     pub fn build(
-        mut graph: Graph,
-        devices: Vec<DeviceSpec>,
+        graph: Graph,
         cluster: Option<Cluster>,
         run_dir: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
-        if devices.is_empty() {
-            bail!("a session needs at least one device");
-        }
         let world = cluster.as_ref().map_or(1, |c| c.world);
         if let Some(c) = &cluster
             && c.rank >= c.world
         {
             bail!("rank {} is not below the world size {}", c.rank, c.world);
         }
-        let pinned = graph
-            .nodes
-            .iter()
-            .map(|n| (format!("node `{}`", n.name), n.device))
-            .chain((graph.resources.iter()).map(|r| (format!("resource `{}`", r.name), r.device)));
-        for (subject, device) in pinned {
-            if let Some(d) = device
-                && !devices.contains(&d)
-            {
-                bail!(
-                    "{subject} is placed on {d}, which is not one of the session's devices [{}]",
-                    device_list(&devices)
-                );
-            }
+        if world != graph.world {
+            bail!(
+                "the graph was checked for {} process(es), but this run has {world}: compile it \
+                 for the run's processes (`--world {world}`)",
+                graph.world
+            );
         }
-        if devices != graph.devices || world != graph.world {
-            graph.devices = devices.clone();
-            graph.world = world;
-            let errors: Vec<_> = crate::compile::check_constraints(&graph)
-                .into_iter()
-                .filter(crate::diagnostic::Diagnostic::is_error)
-                .collect();
-            if !errors.is_empty() {
-                bail!(
-                    "the graph does not fit {} replica(s) per node on [{}] × {world} process(es):\n{}",
-                    devices.len(),
-                    device_list(&devices),
-                    crate::diagnostic::render(&errors, &graph.sources)
-                );
-            }
-        }
+        let devices = graph.devices.clone();
         let graph = Arc::new(graph);
         let seed = graph.run.seed;
         let total_steps = graph.run.steps;

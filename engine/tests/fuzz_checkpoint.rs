@@ -20,8 +20,8 @@ mod testkit;
 
 use flowrl_engine::rundir::{Integrity, Manifest, check_checkpoint, read_small};
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Graph, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    RunState, Session, StepContext,
+    BuildContext, Graph, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, RunState,
+    Session, StepContext,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -107,7 +107,7 @@ fn good_checkpoint() -> &'static Path {
     static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &DIR.get_or_init(|| {
         let tmp = tempfile::tempdir().unwrap();
-        let mut s = Session::build(graph(), vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+        let mut s = Session::build(graph(), None, None).unwrap();
         s.run_step(0, &mut |_| {}).unwrap();
         s.run_step(1, &mut |_| {}).unwrap();
         let dir = tmp.path().join("step_000002");
@@ -299,7 +299,7 @@ proptest! {
         }
         // The parsers behind the manifest: the manifest rewritten over the damaged files.
         if Manifest::write(&dir).is_ok() {
-            let mut s = Session::build(graph(), vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+            let mut s = Session::build(graph(), None, None).unwrap();
             if let Err(e) = s.load_checkpoint(&dir) {
                 err_has_message(e)?;
             }
@@ -321,7 +321,7 @@ fn oversized_metadata_files_are_refused_before_parsing() {
 fn a_good_checkpoint_round_trips() {
     let dir = good_checkpoint();
     assert_eq!(check_checkpoint(dir, true), Integrity::Complete);
-    let mut s = Session::build(graph(), vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(graph(), None, None).unwrap();
     let state = s.load_checkpoint(dir).unwrap();
     assert_eq!(state.completed_steps, 2);
     assert_eq!(

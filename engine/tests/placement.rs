@@ -383,13 +383,7 @@ fn cluster(rank: usize, world: usize) -> Option<Cluster> {
 fn session_gives_each_node_its_placement() {
     let text = with_run("devices = [\"cpu:0\", \"cpu:1\"]");
     let g = ok(&text, &[], target(CPU_ONLY, 2));
-    let mut s = Session::build(
-        g,
-        vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)],
-        cluster(1, 2),
-        None,
-    )
-    .unwrap();
+    let mut s = Session::build(g, cluster(1, 2), None).unwrap();
     let p = |s: &Session, name: &str| s.placements()[s.graph.node_id(name).unwrap()].clone();
     assert_eq!(p(&s, "shard").devices.len(), 2);
     assert_eq!(p(&s, "add").devices, vec![DeviceSpec::Cpu(0)]);
@@ -399,43 +393,22 @@ fn session_gives_each_node_its_placement() {
     assert_eq!(r.metrics["shard/world_replicas"], 4.0);
     assert_eq!(r.metrics["shard/first_replica"], 2.0);
 
-    // Building on other devices than compiled for re-checks the kinds' constraints: 4 numbers
-    // over 3 replicas do not split.
+    // The session runs on the devices the graph was compiled for (one, here) ...
+    let g = ok(&text, &["run.devices=[\"cpu:1\"]"], target(CPU_ONLY, 1));
+    let s = Session::build(g, None, None).unwrap();
+    assert_eq!(p(&s, "shard").devices, vec![DeviceSpec::Cpu(1)]);
+    assert_eq!(p(&s, "add").devices, vec![DeviceSpec::Cpu(1)]);
+    // ... and refuses a cluster of another size than it was compiled for, whose replica counts
+    // the kinds' constraints were not checked against.
     let g = ok(&text, &[], target(CPU_ONLY, 1));
-    let three = vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1), DeviceSpec::Cpu(2)];
-    let e = format!("{:#}", Session::build(g, three, None, None).err().unwrap());
-    assert!(
-        e.contains("count 4 of `src` does not split over 3 replicas (3 devices × 1 processes)"),
-        "{e}"
-    );
-    // ... and so does a cluster of another size than compiled for.
-    let g = ok(&text, &[], target(CPU_ONLY, 1));
-    let two = vec![DeviceSpec::Cpu(0), DeviceSpec::Cpu(1)];
     let e = format!(
         "{:#}",
-        Session::build(g, two.clone(), cluster(0, 3), None)
-            .err()
-            .unwrap()
-    );
-    assert!(e.contains("does not split over 6 replicas"), "{e}");
-    let g = ok(&text, &[], target(CPU_ONLY, 1));
-    let s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
-    assert_eq!(p(&s, "shard").devices, vec![DeviceSpec::Cpu(0)]);
-    // A pinned node's device must be among the session's devices.
-    let pinned = text.replace(
-        "inputs = { a = \"src.n\" }",
-        "inputs = { a = \"src.n\" }\ndevice = \"cpu:1\"",
-    );
-    let g = ok(&pinned, &[], target(CPU_ONLY, 1));
-    let e = format!(
-        "{:#}",
-        Session::build(g, vec![DeviceSpec::Cpu(0)], None, None)
-            .err()
-            .unwrap()
+        Session::build(g, cluster(0, 3), None).err().unwrap()
     );
     assert_eq!(
         e,
-        "node `add` is placed on cpu:1, which is not one of the session's devices [cpu:0]"
+        "the graph was checked for 1 process(es), but this run has 3: compile it for the run's \
+         processes (`--world 3`)"
     );
 }
 

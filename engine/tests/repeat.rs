@@ -194,7 +194,7 @@ inputs = { a = "until.seen" }
 #[test]
 fn a_loop_node_runs_its_repeat_until_it_is_done() {
     let g = compile_ok(LOOP);
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     // Step 1: the counter gives 1, 2 → doubled 2, 4 → sum 6 ≥ 5 after two runs.
     let r = s.run_step(0, &mut |_| {}).unwrap();
     assert_eq!(r.metrics["until/runs"], 2.0);
@@ -223,13 +223,13 @@ fn a_loop_node_runs_its_repeat_until_it_is_done() {
 #[test]
 fn a_repeated_node_keeps_one_random_stream_per_step() {
     let g = compile_ok(&LOOP.replace("target = 5.0", "target = 20.0"));
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     // 2 + 4 + 6 + 8 = 20: four runs; their draws differ (one stream), and the step's last draw
     // is reproducible from the seed.
     let first = s.run_step(0, &mut |_| {}).unwrap();
     assert_eq!(first.metrics["until/runs"], 4.0);
     let g = compile_ok(&LOOP.replace("target = 5.0", "target = 2.0"));
-    let mut one = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut one = Session::build(g, None, None).unwrap();
     let single = one.run_step(0, &mut |_| {}).unwrap();
     assert_ne!(
         first.metrics["counter/draw"],
@@ -240,7 +240,7 @@ fn a_repeated_node_keeps_one_random_stream_per_step() {
 #[test]
 fn repeated_nodes_time_on_their_own_key() {
     let g = compile_ok(LOOP);
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     let r = s.run_step(0, &mut |_| {}).unwrap();
     for key in ["counter", "double", "until"] {
         assert!(r.metrics[&format!("timing_s/{key}")] >= 0.0);
@@ -265,7 +265,7 @@ kind = "test.add"
 inputs = { a = "caller.ys" }
 "#,
     );
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     let r = s.run_step(0, &mut |_| {}).unwrap();
     // (1 + 7) + (2 + 7) + (3 + 7), and `one` ran once, before the caller.
     assert_eq!(node_metric(&r, "total", "add/sum"), 27.0);
@@ -293,7 +293,7 @@ fn a_failing_repeated_node_names_itself_its_run_and_its_loop() {
         "kind = \"test.add\"\ninputs = { a = \"counter.n\", b = \"counter.n\" }",
         "kind = \"test.boom\"\ninputs = { a = \"counter.n\" }",
     ));
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     let e = format!("{:#}", s.run_step(0, &mut |_| {}).unwrap_err());
     assert_has(
         &e,

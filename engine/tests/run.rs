@@ -2,10 +2,10 @@
 
 mod testkit;
 
+use flowrl_engine::Session;
 use flowrl_engine::export::{Format, export};
 use flowrl_engine::run::run;
 use flowrl_engine::rundir::read_metrics;
-use flowrl_engine::{DeviceSpec, Session};
 use std::sync::{Arc, Barrier};
 use testkit::{graph, metrics, run_options as opts};
 
@@ -51,7 +51,7 @@ fn independent_nodes_run_concurrently() {
          [nodes.sum]\nkind = \"test.add\"\ninputs = { a = \"x.n\", b = \"y.n\" }\n",
         &[],
     );
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     // With sequential execution the first rendezvous would wait forever.
     let r = s.run_step(0, &mut |_| {}).unwrap();
     assert_eq!(r.metrics["add/sum"], 0.0);
@@ -66,7 +66,7 @@ fn failing_node_names_itself_and_the_cause() {
          [nodes.sink]\nkind = \"test.sink\"\ninputs = { scores = \"score.scores\" }\nfail_at = 2\n",
         &[],
     );
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     s.run_step(0, &mut |_| {}).unwrap();
     let e = format!("{:#}", s.run_step(1, &mut |_| {}).unwrap_err());
     assert_eq!(
@@ -87,7 +87,7 @@ fn skipped_producer_skips_required_consumers_but_not_optional_ones() {
          [nodes.after]\nkind = \"test.score\"\ninputs = { n = \"req.sum\" }\n",
         &[],
     );
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     let r0 = s.run_step(0, &mut |_| {}).unwrap();
     assert!(r0.nodes.iter().all(|n| !n.skipped));
     let r1 = s.run_step(1, &mut |_| {}).unwrap();

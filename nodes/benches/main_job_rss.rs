@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use flowrl_engine::{DeviceSpec, Override, Registry, Session, compile};
+use flowrl_engine::{Override, Registry, Session, compile};
 
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -44,7 +44,7 @@ fn main() {
         Ok(g) => g,
         Err(f) => panic!("{}", f.render()),
     };
-    let mut session = Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut session = Session::build(graph, None, None).unwrap();
     let mut at = Vec::new();
     for step in 0..50 {
         session.run_step(step, &mut |_| {}).unwrap();

@@ -12,8 +12,8 @@ use flowrl_algorithms::{
     OTB_EPSILON, PathVariance, TokenRewards, compute_optimal_token_baseline_advantage,
 };
 use flowrl_engine::{
-    BuildContext, Code, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Port,
-    PortSpec, Registry, Session, Severity, StepContext, compile,
+    BuildContext, Code, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Port, PortSpec,
+    Registry, Session, Severity, StepContext, compile,
 };
 use flowrl_nodes::values::{AdvantageBatch, ScoreBatch, TokenLogProbs, port_types};
 
@@ -317,7 +317,7 @@ fn one_step_with_every_kind() {
     let (graph, warnings) = compile(&registry(&captured), "g.toml", &graph(""), &[])
         .unwrap_or_else(|f| panic!("{}", f.render()));
     assert!(warnings.is_empty());
-    let mut s = Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(graph, None, None).unwrap();
     s.run_step(0, &mut |_| {}).unwrap();
     let seen = captured.lock().unwrap().clone();
     let inputs = &seen["seen_inputs"];

@@ -138,7 +138,7 @@ fn session(text: &str, captured: &Captured) -> Session {
     let (graph, warnings) = compile(&registry(captured), "critic.toml", text, &[])
         .unwrap_or_else(|f| panic!("{}", f.render()));
     assert!(warnings.is_empty(), "{warnings:?}");
-    Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap()
+    Session::build(graph, None, None).unwrap()
 }
 
 /// `(severity, line, message)` of every diagnostic of a graph.

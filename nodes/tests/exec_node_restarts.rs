@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::exec::{Collect, HELLO, graph, registry, script, session, step};
-use flowrl_engine::{DeviceSpec, Session, compile};
+use flowrl_engine::{Session, compile};
 
 /// A program that crashes on its first `crashes` requests over the run (counted in a file), then
 /// answers; every start is logged.
@@ -145,7 +145,7 @@ fn the_stderr_log_keeps_every_start_up_and_a_failed_retry_names_the_restart() {
     );
     let (g, _) = compile(&registry(&collect), "graph.toml", &text, &[]).unwrap();
     let run_dir = dir.path().join("run");
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, Some(run_dir.clone())).unwrap();
+    let mut s = Session::build(g, None, Some(run_dir.clone())).unwrap();
     let e = format!("{:#}", step(&mut s, 0).unwrap_err());
     assert!(
         e.contains("(all 1 restarts allowed by max_restarts are used)"),

@@ -11,8 +11,8 @@ use common::exec::{
     step,
 };
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec,
-    PortType, Session, StepContext, compile,
+    BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, PortSpec, PortType, Session,
+    StepContext, compile,
 };
 
 #[test]
@@ -167,7 +167,7 @@ inputs = {{ adv = "adv.advantages", lp = "adv.logp" }}
     };
     let (g, _) = compile(&registry(), "graph.toml", &text(""), &[])
         .unwrap_or_else(|f| panic!("{}", f.render()));
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     s.run_step(0, &mut |_| {}).unwrap();
     let got = sink.0.lock().unwrap().clone();
     let value = |port: &str| got.iter().find(|(p, _)| p == port).unwrap().1.clone();
@@ -209,7 +209,7 @@ inputs = {{ adv = "adv.advantages", lp = "adv.logp" }}
         &[],
     )
     .unwrap();
-    let mut s = Session::build(g, vec![DeviceSpec::Cpu(0)], None, None).unwrap();
+    let mut s = Session::build(g, None, None).unwrap();
     let e = format!("{:#}", s.run_step(0, &mut |_| {}).unwrap_err());
     assert!(
         e.contains(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use flowrl_engine::{DeviceSpec, Registry, Session, compile};
+use flowrl_engine::{Registry, Session, compile};
 use flowrl_models::weights::WeightVisitor;
 use flowrl_nodes::resources::model::ModelResource;
 use flowrl_nodes::runtime::backend::CpuBackend;
@@ -24,7 +24,7 @@ fn session(text: &str) -> Session {
         Ok(g) => g,
         Err(f) => panic!("{}", f.render()),
     };
-    Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap()
+    Session::build(graph, None, None).unwrap()
 }
 
 /// Every weight of the policy by checkpoint name.

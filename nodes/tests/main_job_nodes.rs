@@ -185,7 +185,7 @@ fn session(text: &str, captured: &Captured) -> Session {
         Ok(g) => g,
         Err(f) => panic!("{}", f.render()),
     };
-    Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap()
+    Session::build(graph, None, None).unwrap()
 }
 
 const DATA: &str = r#"

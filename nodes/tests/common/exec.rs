@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use flowrl_engine::{
-    BuildContext, DeviceSpec, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Port, PortSpec,
-    Registry, Session, StepContext, StepReport, compile,
+    BuildContext, Inputs, Node, NodeKind, Outputs, ParamSpec, Params, Port, PortSpec, Registry,
+    Session, StepContext, StepReport, compile,
 };
 use flowrl_nodes::values::port_types;
 use flowrl_nodes::{PromptBatch, RolloutBatch, ScoreBatch, TokenMatrix};
@@ -188,7 +188,7 @@ pub fn check_fails(text: &str) -> String {
 pub fn session(text: &str, collect: &Collect) -> Session {
     let (graph, _) = compile(&registry(collect), "graph.toml", text, &[])
         .unwrap_or_else(|f| panic!("{}", f.render()));
-    Session::build(graph, vec![DeviceSpec::Cpu(0)], None, None).unwrap()
+    Session::build(graph, None, None).unwrap()
 }
 
 pub fn step(s: &mut Session, i: u64) -> anyhow::Result<StepReport> {
