@@ -98,7 +98,7 @@ pub struct GenerateArgs {
     pub device: String,
     /// Precision of the forward passes, as a model resource's `precision` (default: f32 on CPU
     /// and Vulkan, bf16 on CUDA).
-    #[arg(long, value_parser = ["f32", "bf16"])]
+    #[arg(long, value_parser = [Precision::F32, Precision::BF16].map(Precision::name))]
     pub precision: Option<String>,
     /// Print one JSON object (prompt and response ids, log-probs, text, finish reason, timings)
     /// instead of the response text.

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use burn::prelude::*;
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
@@ -58,23 +58,43 @@ impl Precision {
         }
     }
 
-    /// Its name in graphs, on the command line and in reports: `"f32"`, `"bf16"` or `"f16"`.
+    /// Every precision with its name in graphs, on the command line and in reports.
+    pub const ALL: [(Precision, &'static str); 3] = [
+        (Precision::F32, "f32"),
+        (Precision::BF16, "bf16"),
+        (Precision::F16, "f16"),
+    ];
+
+    /// Its name in graphs, on the command line and in reports ([`Self::ALL`]).
     pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::BF16 => "bf16",
-            Precision::F16 => "f16",
-        }
+        Self::ALL
+            .iter()
+            .find(|(p, _)| *p == self)
+            .map(|(_, n)| *n)
+            .expect("every precision is in Precision::ALL")
     }
 
-    /// `"f32"`, `"bf16"` or `"f16"` (also `"float32"`, `"bfloat16"`, `"float16"`).
+    /// A name of [`Self::ALL`], or torch's (`"float32"`, `"bfloat16"`, `"float16"`).
     pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "f32" | "float32" => Ok(Precision::F32),
-            "bf16" | "bfloat16" => Ok(Precision::BF16),
-            "f16" | "float16" => Ok(Precision::F16),
-            other => bail!("unknown precision `{other}`; expected f32, bf16 or f16"),
-        }
+        let torch = [
+            ("float32", Precision::F32),
+            ("bfloat16", Precision::BF16),
+            ("float16", Precision::F16),
+        ];
+        Self::ALL
+            .iter()
+            .map(|&(p, n)| (n, p))
+            .chain(torch)
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| p)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|(_, n)| *n).collect();
+                let (last, rest) = names.split_last().expect("Precision::ALL is not empty");
+                anyhow::anyhow!(
+                    "unknown precision `{name}`; expected {} or {last}",
+                    rest.join(", ")
+                )
+            })
     }
 }
 

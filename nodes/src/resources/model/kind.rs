@@ -62,7 +62,7 @@ pub(crate) struct ModelParams {
     /// precision of the forward passes: bf16 = mixed precision (bf16 weights, activations and
     /// matmuls; f32 norms, softmax, log-probs, losses, master weights and AdamW moments); default
     /// f32 on CPU and Vulkan, bf16 on CUDA
-    #[param(one_of = &["f32", "bf16"])]
+    #[param(one_of = &[Precision::F32, Precision::BF16].map(Precision::name))]
     pub(crate) precision: Option<String>,
 }
 
