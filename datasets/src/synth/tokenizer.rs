@@ -12,7 +12,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
-use super::{COLOURS, COUNTS, INSTRUCTION, QUESTIONS, SHAPES};
+use super::task::{COLOURS, COUNTS, INSTRUCTION, QUESTIONS, SHAPES};
 
 /// Qwen2-VL's special tokens, in Qwen's order; they get the ids right after the BPE vocabulary.
 pub const SPECIAL_TOKENS: [&str; 14] = [

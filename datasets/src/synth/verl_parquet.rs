@@ -16,7 +16,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
-use super::ShapeSample;
+use super::task::ShapeSample;
 
 fn png_bytes(img: &RgbImage) -> Result<Vec<u8>> {
     let mut out = std::io::Cursor::new(Vec::new());

@@ -6,7 +6,7 @@ use image::{Rgb, RgbImage};
 use crate::rng::SplitMix64;
 
 use super::paint::{draw_shape, light_tint, shuffled4};
-use super::{COLOURS, IMAGE_SIZE, INSTRUCTION, SHAPES, ShapeSample};
+use super::task::{COLOURS, IMAGE_SIZE, INSTRUCTION, SHAPES, ShapeSample};
 
 /// Picture side of the tool task: the tiny models' processors shrink it 3.5–4× (to 128 or 112
 /// pixels a side), so its small shapes become specks of one or two pixels.
