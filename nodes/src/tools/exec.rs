@@ -31,7 +31,7 @@ use image::RgbImage;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 
-use super::{Tool, ToolOutput};
+use super::tool::{Tool, ToolOutput};
 use crate::kinds::exec::process::Process;
 
 /// Parameters of an `exec` tool in the graph.

@@ -9,7 +9,7 @@ use image::RgbImage;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 
-use super::{Tool, ToolOutput, picture_argument};
+use super::tool::{Tool, ToolOutput, known_arguments, picture_argument};
 
 /// `rotate` takes no parameters in the graph.
 #[derive(Debug, Clone, Deserialize)]
@@ -44,7 +44,7 @@ impl Tool for Rotate {
         arguments: &Map<String, Json>,
         pictures: &[Arc<RgbImage>],
     ) -> Result<ToolOutput, String> {
-        super::known_arguments(arguments, &["angle", "image"])?;
+        known_arguments(arguments, &["angle", "image"])?;
         let (k, picture) = picture_argument(arguments, pictures)?;
         let angle = arguments
             .get("angle")

@@ -18,7 +18,7 @@ use image::imageops::FilterType;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 
-use super::{Tool, ToolOutput, picture_argument};
+use super::tool::{Tool, ToolOutput, known_arguments, picture_argument};
 
 /// How a box's numbers are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -164,7 +164,7 @@ impl Tool for Crop {
         arguments: &Map<String, Json>,
         pictures: &[Arc<RgbImage>],
     ) -> Result<ToolOutput, String> {
-        super::known_arguments(arguments, &["bbox_2d", "image", "label"])?;
+        known_arguments(arguments, &["bbox_2d", "image", "label"])?;
         let (k, picture) = picture_argument(arguments, pictures)?;
         let bbox = arguments
             .get("bbox_2d")
