@@ -4,7 +4,7 @@
 //! tensor type ([`std::any::TypeId`]) and answers "not here" for every other backend, whose
 //! caller then takes the tensor ops:
 //!
-//! - [`write_positions`]: a KV-cache write into the cache's own storage (burn-flex's
+//! - `write_positions`: a KV-cache write into the cache's own storage (burn-flex's
 //!   `slice_assign` keeps a second handle on its input, so it copies the whole cache first);
 //! - [`is_host_f32`], [`host_values`] and [`HostMatrix`]: an f32 tensor's values as host
 //!   memory, for kernels that run over the values themselves (the fused AdamW step).

@@ -1,7 +1,7 @@
 //! A model's sizes from its `config.json` alone, for planning memory and FLOPs before anything
 //! loads (`flowrl plan`): a shape-only build ([`Model::shape_only`]: every weight one zero
 //! expanded to its shape, nothing of the model's size allocated) gives the parameter counts
-//! exactly as the loaded model has them, and its [`CausalLm::kv_cache_bytes_per_token`] is the
+//! exactly as the loaded model has them, and its [`CausalLm::kv_cache_bytes_per_token`](crate::capabilities::CausalLm::kv_cache_bytes_per_token) is the
 //! very function the rollout's KV-cache budget divides by; the widths come from the config.
 
 use anyhow::{Context, Result};

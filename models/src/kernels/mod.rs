@@ -5,7 +5,7 @@
 //! The layers stay generic over burn's `Backend`. Each kernel has one entry point that returns
 //! `None` when `B` is not a backend it has a kernel for (the CPU's Flex, or a binary built
 //! without `cuda` and `vulkan`); the layer then runs its composite, which is also the kernel's
-//! reference in the tests. Which backend `B` is gets decided by its type id ([`on_cube!`]): the
+//! reference in the tests. Which backend `B` is gets decided by its type id (`on_cube!`): the
 //! two cubecl runtimes compiled in, each bare or under burn's autodiff (with either
 //! checkpointing strategy).
 //!

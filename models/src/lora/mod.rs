@@ -31,7 +31,7 @@
 //! [`Model`](crate::model::Model)'s, in `adapted.rs`.
 //!
 //! The files: [`config`] (what to adapt), [`adapter`] (one linear's adapter and its dropout),
-//! [`source`] (attaching adapters while a model is built, and merging them on export), [`peft`]
+//! [`source`] (attaching adapters while a model is built, and merging them on export), `peft`
 //! (PEFT's files).
 
 pub mod adapter;

@@ -16,7 +16,7 @@
 //!
 //! Layout: one cube per block of `BLOCK_Q` query rows of one kv head of one batch row (the
 //! `group` query heads of a kv head are stacked along the rows, so their keys and values are
-//! loaded once), one thread per query row; key tiles of [`tile`](params::tile) keys are staged in
+//! loaded once), one thread per query row; key tiles of `params::tile` keys are staged in
 //! shared memory. The dK/dV kernel turns it around: one thread per key, query tiles staged. These
 //! are CUDA-core ("unit") kernels; a tensor-core variant is a later step.
 
