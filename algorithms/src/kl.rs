@@ -45,26 +45,31 @@ pub struct KlEstimator {
     pub straight_through: bool,
 }
 
-impl KlEstimator {
-    /// Every name [`KlEstimator::from_str`] accepts: verl's `kl_loss_type` names, then their
-    /// straight-through `+` variants.
-    pub const NAMES: [&'static str; 14] = [
-        "kl",
-        "k1",
-        "abs",
-        "mse",
-        "k2",
-        "low_var_kl",
-        "k3",
-        "kl+",
-        "k1+",
-        "abs+",
-        "mse+",
-        "k2+",
-        "low_var_kl+",
-        "k3+",
-    ];
+/// verl's `kl_loss_type` names with their estimators, written once: [`KlEstimator::NAMES`] and
+/// [`KlEstimator::from_str`] both come from this list.
+macro_rules! kl_names {
+    ($(($name:literal, $kind:ident)),* $(,)?) => {
+        /// verl's names of the base estimators.
+        const BASE_NAMES: &[(&str, KlKind)] = &[$(($name, KlKind::$kind)),*];
+
+        impl KlEstimator {
+            /// Every name [`KlEstimator::from_str`] accepts: verl's `kl_loss_type` names, then
+            /// their straight-through `+` variants.
+            pub const NAMES: [&'static str; 2 * [$($name),*].len()] =
+                [$($name),*, $(concat!($name, "+")),*];
+        }
+    };
 }
+
+kl_names![
+    ("kl", K1),
+    ("k1", K1),
+    ("abs", Abs),
+    ("mse", K2),
+    ("k2", K2),
+    ("low_var_kl", K3),
+    ("k3", K3),
+];
 
 impl FromStr for KlEstimator {
     type Err = AlgoError;
@@ -74,23 +79,21 @@ impl FromStr for KlEstimator {
             Some(b) => (b, true),
             None => (s, false),
         };
-        let kind = match base {
-            "kl" | "k1" => KlKind::K1,
-            "abs" => KlKind::Abs,
-            "mse" | "k2" => KlKind::K2,
-            "low_var_kl" | "k3" => KlKind::K3,
-            "full" => {
+        let known = BASE_NAMES.iter().find(|(name, _)| *name == base);
+        let kind = match (known, base) {
+            (Some(&(_, kind)), _) => kind,
+            (None, "full") => {
                 return Err(AlgoError::NotImplemented(format!(
                     "kl_penalty {s:?} needs the full distributions and is not implemented (verl raises NotImplementedError)"
                 )));
             }
-            _ => {
+            (None, _) => {
                 return Err(AlgoError::Unknown {
                     kind: "kl_penalty",
                     name: s.to_string(),
                     expected: format!(
                         "{} (each optionally with a '+' suffix)",
-                        Self::NAMES[..Self::NAMES.len() / 2].join(", ")
+                        Self::NAMES[..BASE_NAMES.len()].join(", ")
                     ),
                 });
             }
