@@ -291,26 +291,30 @@ impl Prompts {
         let (node, p) = crate::kinds::validate::prompt_source_upstream(&ctx.node()?)?;
         let per_step = p.batch_size?;
         let max = p.max_prompt_length?;
-        Some(match crate::kinds::dataset::parquet::prompt_sizes(&node) {
-            Some(s) => Prompts {
-                per_step,
-                len: s.longest.max(1),
-                image_tokens: s.image_tokens,
-                pixel_values: s.pixel_values,
-                sampled: s.rows,
-            },
-            None => {
-                let vision = m.shape.vision_params > 0;
-                let image_tokens = if vision { max } else { 0 };
-                Prompts {
+        Some(
+            match crate::kinds::dataset::prompt_sizes::prompt_sizes(&node) {
+                Some(s) => Prompts {
                     per_step,
-                    len: max,
-                    image_tokens,
-                    pixel_values: image_tokens * m.shape.patches_per_token * m.shape.patch_values,
-                    sampled: 0,
+                    len: s.longest.max(1),
+                    image_tokens: s.image_tokens,
+                    pixel_values: s.pixel_values,
+                    sampled: s.rows,
+                },
+                None => {
+                    let vision = m.shape.vision_params > 0;
+                    let image_tokens = if vision { max } else { 0 };
+                    Prompts {
+                        per_step,
+                        len: max,
+                        image_tokens,
+                        pixel_values: image_tokens
+                            * m.shape.patches_per_token
+                            * m.shape.patch_values,
+                        sampled: 0,
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 
     /// How the sizes were found, for the items' descriptions.
@@ -476,7 +480,7 @@ pub fn inference_footprint(
             .hint("lower chunk"),
         );
     }
-    items.extend(crate::kinds::rollout::compute_view_item(m));
+    items.extend(compute_view_item(m));
     items.extend(replica_weights(m));
     items.push(Item::new(
         "output",
@@ -634,7 +638,7 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
             .hint("lower chunk"),
         );
     }
-    items.extend(crate::kinds::rollout::compute_view_item(m));
+    items.extend(compute_view_item(m));
     f.phase("forward+backward", items);
     // One replica steps its summed gradients on the device; several unflatten the reduced ones
     // there (stage 2: only the replica's own).
@@ -676,4 +680,16 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
     ) + m.vision_flops(pass.rows, &t.prompts);
     f.flops = forward * if t.checkpointing { 4.0 } else { 3.0 } * t.epochs as f64;
     f.flops_precision = Some(m.precision_name().into());
+}
+
+/// The compute-precision copy of a model stored in f32 (trainable weights under mixed
+/// precision) that a pass makes (`Model::compute_view`).
+pub(crate) fn compute_view_item(m: &PlannedModel) -> Option<Item> {
+    (m.trainable && !m.lora && m.precision != flowrl_models::weights::Precision::F32).then(|| {
+        Item::new(
+            format!("{} view of the weights", m.precision_name()),
+            view_bytes(m),
+            Place::Device,
+        )
+    })
 }

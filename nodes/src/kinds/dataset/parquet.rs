@@ -22,22 +22,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use flowrl_datasets::verl::{ReadOptions, VerlColumns};
-use flowrl_datasets::video::VideoOptions;
-use flowrl_datasets::{DataPosition, DatasetOptions, PromptDataset, PromptEncoder, Truncation};
+use flowrl_datasets::{DataPosition, PromptDataset, PromptEncoder};
 use flowrl_engine::{
     BuildContext, Capability, Diagnostic, Inputs, Node, NodeKind, Outputs, ParamSchema, ParamSpec,
     Params, Payload, Port, PortSpec, StepContext, ValidateCtx, Value,
 };
 use flowrl_engine::{Footprint, Item, Place, PlanCtx};
 use flowrl_models::hub::resolve_model_path;
-use serde::Deserialize;
-
-use flowrl_datasets::dataset::PromptSizes;
-use flowrl_engine::NodeView;
 
 use crate::sizing::{PlannedModel, Prompts};
 
+use super::params::DatasetParams;
 use crate::kinds::validate::PROMPT_SOURCE;
 use crate::resources::model::ModelResource;
 use crate::values::{PromptBatch, port_types};
@@ -49,114 +44,6 @@ pub struct DatasetParquet;
 const PROMPTS: Port<PromptBatch> = Port::new("prompts", port_types::PROMPTS);
 /// The whole validation split.
 const VAL_PROMPTS: Port<PromptBatch> = Port::new("val_prompts", port_types::PROMPTS);
-
-/// Parameters of [`DatasetParquet`] (verl's `data.*` names where they exist).
-#[derive(Debug, Deserialize, Params)]
-struct DatasetParams {
-    /// a training parquet file (or use `paths`)
-    path: Option<PathBuf>,
-    /// several training parquet files, read in order
-    paths: Option<Vec<PathBuf>>,
-    /// a validation parquet file, emitted whole on `val_prompts`
-    val_path: Option<PathBuf>,
-    /// the model whose chat template, tokenizer and image processor encode the prompts
-    #[param(resource = "model")]
-    model: Option<String>,
-    /// a Hugging Face model directory (or hub id in the local cache) to encode with, instead of
-    /// `model`
-    model_dir: Option<PathBuf>,
-    /// prompts per step (verl: train_batch_size)
-    #[param(required, min = 1)]
-    batch_size: usize,
-    /// a new seeded order every epoch
-    #[param(default = true)]
-    shuffle: bool,
-    /// shuffle seed (default: the run's seed)
-    #[param(min = 0)]
-    seed: Option<u64>,
-    /// prompt tokens, image tokens included
-    #[param(default = 1024, min = 1)]
-    max_prompt_length: usize,
-    /// what to do with a longer prompt that was not filtered out
-    #[param(one_of = &["error", "left", "right"], default = "error")]
-    truncation: Truncation,
-    /// drop prompts longer than max_prompt_length at load
-    #[param(default = true)]
-    filter_overlong_prompts: bool,
-    /// column of chat messages
-    #[param(default = "prompt")]
-    prompt_key: String,
-    /// column of images ("" for text-only data)
-    #[param(default = "images")]
-    image_key: String,
-    /// dotted path of the reference answer
-    #[param(default = "reward_model.ground_truth")]
-    ground_truth_key: String,
-    /// column of the reward selector
-    #[param(default = "data_source")]
-    data_source_key: String,
-    /// resize pictures like verl's process_image (qwen_vl_utils.fetch_image with this
-    /// image_patch_size, e.g. 14) before the model's processor; unset = processor only
-    #[param(min = 1)]
-    verl_image_patch_size: Option<u32>,
-    /// column of videos, each a list of frames (read when the file has it; "" to ignore it)
-    #[param(default = "videos")]
-    video_key: String,
-    /// frame rate of stored frame lists whose entry has no sample_fps (qwen_vl_utils' default 2)
-    #[param(default = 2.0, gt = 0.0)]
-    video_sample_fps: f64,
-    /// sample every video to this many frames per second unless its entry sets fps or nframes;
-    /// unset = keep every stored frame
-    #[param(gt = 0.0)]
-    video_fps: Option<f64>,
-    /// drop rows whose <image> count differs from their image count (counted in
-    /// data/skipped_mismatched)
-    #[param(default = false)]
-    skip_mismatched_rows: bool,
-    /// drop every row that would fail to load — a malformed value, an undecodable image, a
-    /// mismatch — instead of failing (counted in data/skipped_bad, the first ones warned about)
-    #[param(default = false)]
-    skip_bad_rows: bool,
-}
-
-impl DatasetParams {
-    fn train_paths(&self) -> Vec<PathBuf> {
-        match (&self.path, &self.paths) {
-            (Some(p), _) => vec![p.clone()],
-            (None, Some(ps)) => ps.clone(),
-            (None, None) => Vec::new(),
-        }
-    }
-
-    fn options(&self, seed: u64) -> Result<DatasetOptions> {
-        Ok(DatasetOptions {
-            read: ReadOptions {
-                columns: VerlColumns {
-                    prompt_key: self.prompt_key.clone(),
-                    image_key: (!self.image_key.is_empty()).then(|| self.image_key.clone()),
-                    video_key: (!self.video_key.is_empty()).then(|| self.video_key.clone()),
-                    ground_truth_key: self.ground_truth_key.clone(),
-                    data_source_key: self.data_source_key.clone(),
-                    ..VerlColumns::default()
-                },
-                skip_mismatched_rows: self.skip_mismatched_rows,
-                skip_bad_rows: self.skip_bad_rows,
-                check_images: true,
-                verl_image_patch_size: self.verl_image_patch_size,
-                video: VideoOptions {
-                    sample_fps: self.video_sample_fps,
-                    fps: self.video_fps,
-                },
-            },
-            max_prompt_length: self.max_prompt_length,
-            truncation: self.truncation,
-            filter_overlong_prompts: self.filter_overlong_prompts,
-            batch_size: self.batch_size,
-            shuffle: self.shuffle,
-            seed,
-        })
-    }
-}
 
 impl NodeKind for DatasetParquet {
     fn name(&self) -> &str {
@@ -305,46 +192,6 @@ impl NodeKind for DatasetParquet {
     fn build(&self, params: &Params, ctx: &BuildContext) -> Result<Box<dyn Node>> {
         Ok(Box::new(build_node(params, ctx)?))
     }
-}
-
-/// Rows of the first training file the plan encodes to size the prompts.
-const SAMPLED_ROWS: usize = 256;
-
-/// The sizes of the prompts of a dataset node `node` (a `dataset.parquet`: `path` or `paths`,
-/// `model` or `model_dir`) from its first training file's first [`SAMPLED_ROWS`] rows, encoded
-/// as the node encodes them; computed once per process for the same files and settings.
-/// `None` when the node is of another kind or its rows cannot be encoded (its build will say
-/// why).
-pub(crate) fn prompt_sizes(node: &NodeView<'_>) -> Option<PromptSizes> {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    static SAMPLED: Mutex<Option<HashMap<String, Option<PromptSizes>>>> = Mutex::new(None);
-    let p: DatasetParams = node.params().parse().ok()?;
-    let dir = match (&p.model, &p.model_dir) {
-        (Some(name), _) => {
-            let view = node.resource(name)?;
-            PathBuf::from(crate::kinds::validate::model_dir(view)?)
-        }
-        (None, Some(dir)) => resolve_model_path(dir).ok()?,
-        (None, None) => return None,
-    };
-    let first = p.train_paths().into_iter().next()?;
-    let options = p.options(0).ok()?;
-    let key = format!(
-        "{}|{}|{}|{}",
-        first.display(),
-        dir.display(),
-        serde_json::to_string(&options.read).ok()?,
-        p.max_prompt_length
-    );
-    let mut cache = SAMPLED.lock().unwrap_or_else(|e| e.into_inner());
-    *cache
-        .get_or_insert_with(HashMap::new)
-        .entry(key)
-        .or_insert_with(|| {
-            let encoder = PromptEncoder::from_model_dir(&dir).ok()?;
-            flowrl_datasets::dataset::sample_sizes(&first, &encoder, &options, SAMPLED_ROWS).ok()
-        })
 }
 
 /// Host bytes a row read at build time takes per byte of its parquet file (the encoded images as

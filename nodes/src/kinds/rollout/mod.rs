@@ -30,7 +30,7 @@ use crate::kinds::validate::{model_context_length, upstream_prompt_length};
 use crate::resources::model::ModelResource;
 use crate::runtime::backend::{FlowBackend, on_backend};
 use crate::runtime::data_parallel::{Replicas, shard};
-use crate::sizing::{PlannedModel, Prompts, logit_bytes, planned_prompts};
+use crate::sizing::{PlannedModel, Prompts, compute_view_item, logit_bytes, planned_prompts};
 use crate::values::{PromptBatch, RolloutBatch, TokenMatrix, port_types};
 
 pub mod multi_turn;
@@ -319,18 +319,6 @@ pub(crate) fn generation_footprint(
         + m.vision_flops(g.prompts.per_step, &g.prompts)
         + m.forward_flops(generated, len + g.max_new_tokens / 2, generated);
     f.flops_precision = Some(m.precision_name().into());
-}
-
-/// The compute-precision copy of a model stored in f32 (trainable weights under mixed
-/// precision) that a pass makes (`Model::compute_view`).
-pub(crate) fn compute_view_item(m: &PlannedModel) -> Option<Item> {
-    (m.trainable && !m.lora && m.precision != flowrl_models::weights::Precision::F32).then(|| {
-        Item::new(
-            format!("{} view of the weights", m.precision_name()),
-            crate::sizing::view_bytes(m),
-            Place::Device,
-        )
-    })
 }
 
 /// Token ids of stop strings (each must be a single token).
