@@ -544,7 +544,7 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         Item::new(
             format!(
                 "AdamW moments ({}{}, f32)",
-                crate::resources::model::params_text(trained),
+                params_text(trained),
                 if sharded { format!(" / {world} replicas, ZeRO stage {}", t.zero_stage) } else { String::new() }
             ),
             8 * held,
@@ -563,7 +563,7 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         f.resident(Item::new(
             format!(
                 "the replica's copy of the model ({}{})",
-                crate::resources::model::params_text(m.shape.params),
+                params_text(m.shape.params),
                 match m.masters_over {
                     Some(w) if !m.lora => format!(", f32 masters of 1/{w}"),
                     _ => String::new(),
@@ -609,7 +609,7 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
             format!(
                 "gradients{} ({}, {})",
                 if accumulating { ": accumulated and this micro-batch's" } else { "" },
-                crate::resources::model::params_text(trained),
+                params_text(trained),
                 if gradient_bytes == trained * 4 { "f32" } else { "in their weights' dtypes" }
             ),
             if accumulating { 2 } else { 1 } * gradient_bytes,
@@ -622,7 +622,7 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         items.push(Item::new(
             format!(
                 "gradient sums on the host ({local} replicas × {}, f32)",
-                crate::resources::model::params_text(trained)
+                params_text(trained)
             ),
             local * 4 * trained,
             Place::Host,
@@ -660,7 +660,7 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
         let back = if t.zero_stage >= 2 { held } else { trained };
         optimizer.push(
             Item::new(
-                format!("gradients flattened for the collective ({local} replicas × {}, f32)", crate::resources::model::params_text(trained + back)),
+                format!("gradients flattened for the collective ({local} replicas × {}, f32)", params_text(trained + back)),
                 local * 4 * (trained + back),
                 Place::Host,
             )
@@ -680,6 +680,15 @@ pub fn training_footprint(f: &mut Footprint, m: &PlannedModel, ctx: &PlanCtx, t:
     ) + m.vision_flops(pass.rows, &t.prompts);
     f.flops = forward * if t.checkpointing { 4.0 } else { 3.0 } * t.epochs as f64;
     f.flops_precision = Some(m.precision_name().into());
+}
+
+/// `1.23 B parameters`, `45.6 M parameters`.
+pub fn params_text(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2} B parameters", n as f64 / 1e9)
+    } else {
+        format!("{:.2} M parameters", n as f64 / 1e6)
+    }
 }
 
 /// The compute-precision copy of a model stored in f32 (trainable weights under mixed

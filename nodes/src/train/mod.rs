@@ -12,6 +12,7 @@ pub mod chunked_backward;
 pub mod grad_sum;
 pub(crate) mod leaf_copy;
 pub mod micro_batches;
+pub mod model_state;
 pub mod optim;
 pub mod replicated;
 pub mod sequences;

@@ -17,7 +17,7 @@ use flowrl_models::weights::Precision;
 use serde::Deserialize;
 
 use crate::runtime::backend::default_precision_of;
-use crate::sizing::{PlannedModel, masters_sharded_over};
+use crate::sizing::{PlannedModel, masters_sharded_over, params_text};
 
 use super::resource::ModelResource;
 
@@ -114,15 +114,6 @@ impl LoraParams {
 /// Host bytes a parsed `tokenizer.json` takes per byte of the file (its vocabulary and merges
 /// in hash maps, with the strings they hold).
 const TOKENIZER_EXPANSION: u64 = 4;
-
-/// `1.23 B parameters`, `45.6 M parameters`.
-pub fn params_text(n: u64) -> String {
-    if n >= 1_000_000_000 {
-        format!("{:.2} B parameters", n as f64 / 1e9)
-    } else {
-        format!("{:.2} M parameters", n as f64 / 1e6)
-    }
-}
 
 impl ResourceKind for ModelKind {
     fn name(&self) -> &str {

@@ -46,6 +46,7 @@
 mod kind;
 mod resource;
 
+pub use crate::train::model_state::{ModelState, UpdateCounters};
+pub use kind::ModelKind;
 pub(crate) use kind::ModelParams;
-pub use kind::{ModelKind, params_text};
-pub use resource::{ModelResource, ModelState, UpdateCounters};
+pub use resource::ModelResource;

@@ -6,9 +6,9 @@ use anyhow::{Result, bail, ensure};
 use flowrl_models::Model;
 use flowrl_models::value_head::{ValueHead, ValueModel};
 
-use crate::resources::model::ModelState;
 use crate::runtime::backend::FlowBackend;
 use crate::runtime::data_parallel::{all_gather_across_processes, gather_to_rank_zero};
+use crate::train::model_state::ModelState;
 use crate::train::optim::AdamW;
 
 use super::layout::{Layout, owned_values, owners, segments, write_values};

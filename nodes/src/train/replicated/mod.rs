@@ -45,7 +45,7 @@
 //! moments of 1/W); the collective is the host's, not yet NCCL's.
 
 mod checkpoint;
-mod copies;
+pub(crate) mod copies;
 mod layout;
 mod slots;
 
@@ -55,10 +55,10 @@ use anyhow::{Result, bail};
 use burn::optim::GradientsParams;
 use flowrl_models::weights::Precision;
 
-use crate::resources::model::ModelState;
 use crate::runtime::backend::FlowBackend;
 use crate::runtime::data_parallel::{Replica, Replicas, shard};
 use crate::train::grad_sum::{GradSum, StepGrads};
+use crate::train::model_state::ModelState;
 use crate::train::optim::{AdamW, grad_sum_squares, scale_grads};
 use crate::train::{OptimParams, PartialStep, StepOutcome, drop_vision_grads};
 

@@ -4,15 +4,17 @@
 
 use anyhow::{Result, bail, ensure};
 use burn::module::{AutodiffModule, Module};
-use flowrl_models::value_head::ValueModel;
+use flowrl_models::Model;
+use flowrl_models::value_head::{ValueHead, ValueModel};
 
-use crate::resources::model::ModelState;
 use crate::runtime::backend::{FlowBackend, device_of};
 use crate::runtime::data_parallel::Replicas;
+use crate::train::model_state::ModelState;
 use crate::train::optim::AdamW;
 
 use super::copies::{Sharding, TrainCopy, Trained};
 use super::layout::Layout;
+use crate::train::model_state::InferenceView;
 
 /// Whether local replica `local` of `replicas` trains on the model resource's own weights
 /// (the first replica, when it lives on the resource's device).
@@ -172,4 +174,48 @@ pub(super) fn distribute<B: FlowBackend>(
     }
     state.sharding = Some(sharding);
     Ok(())
+}
+
+impl<B: FlowBackend> ModelState<B> {
+    /// The model without autodiff in the compute precision (and its value head, if any) on
+    /// local replica `local` of `replicas`, with the replica's burn device: this state's own
+    /// model on its device, else the replica's kept copy (made once, and again after the model
+    /// changed without it).
+    #[allow(clippy::type_complexity)]
+    pub fn inference_on(
+        &mut self,
+        replicas: &Replicas,
+        local: usize,
+    ) -> Result<(
+        Model<B::InnerBackend>,
+        Option<ValueHead<B::InnerBackend>>,
+        B::Device,
+    )> {
+        let device = B::device(replicas.devices()[local])?;
+        let precision = self.precision;
+        let version = self.version;
+        if self.views.len() <= local {
+            self.views.resize_with(local + 1, || None);
+        }
+        let cached = self.views[local].take().filter(|v| v.version == version);
+        let view = match cached {
+            Some(v) => v,
+            None => {
+                let (model, head) = if uses_primary(self, replicas, local)? {
+                    (&self.model, &self.value_head)
+                } else {
+                    let copy = copy_on(self, local, &device);
+                    (&copy.model, &copy.value_head)
+                };
+                InferenceView {
+                    version,
+                    model: model.valid().compute_view(precision),
+                    head: head.as_ref().map(|h| h.valid()),
+                }
+            }
+        };
+        let out = (view.model.clone(), view.head.clone(), device);
+        self.views[local] = Some(view);
+        Ok(out)
+    }
 }
