@@ -127,7 +127,9 @@ pub struct RunConfig {
     /// draw plots of the main curves into the run directory at the end
     #[param(default = true)]
     pub plot: bool,
-    /// where the metrics go: `jsonl` (metrics.jsonl, always written) and `tensorboard` (event files under the run directory's tensorboard/, with the graph and sampled generations; W&B imports them)
+    /// where the metrics go: `jsonl` (metrics.jsonl, always written) and `tensorboard` (event
+    /// files under the run directory's tensorboard/, with the graph and sampled generations; W&B
+    /// imports them)
     #[param(default = serde_json::json!(["jsonl"]))]
     pub tracking: Vec<Tracker>,
 }
