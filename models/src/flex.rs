@@ -22,10 +22,10 @@ use burn::backend::flex::FlexTensor;
 use burn::prelude::*;
 use burn::tensor::DType;
 
-/// `buffer[:, :, at..at + l, :] = values` for a KV cache `dst` `[b, h, capacity, d]` and
-/// `values` `[b, h, l, d]` when both are Flex tensors and `dst` is the only handle on its whole
-/// contiguous storage: the write goes into that storage, and true is returned. False (nothing
-/// written) for any other backend or layout; the caller then uses `slice_assign`.
+/// `dst[:, :, at..at + l, :] = src` for a KV cache `dst` of `dims = [b, h, capacity, d]` and new
+/// positions `src` `[b, h, l, d]`, when both are Flex tensors and `dst` is the only handle on its
+/// whole contiguous storage: the write goes into that storage, and true is returned. False
+/// (nothing written) for any other backend or layout; the caller then uses `slice_assign`.
 pub(crate) fn write_positions<B: Backend>(
     dst: &mut B::FloatTensorPrimitive,
     src: B::FloatTensorPrimitive,
