@@ -40,7 +40,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn no_source_file_is_over_800_lines() {
     let root = common::root();
     let mut files = Vec::new();
-    rust_files(&root, &mut files);
+    rust_files(root, &mut files);
     assert!(files.len() > 100, "found only {} Rust files", files.len());
     let long: Vec<String> = files
         .iter()
@@ -49,7 +49,7 @@ fn no_source_file_is_over_800_lines() {
             (lines > MAX_LINES).then(|| {
                 format!(
                     "{} ({lines} lines)",
-                    f.strip_prefix(&root).unwrap().display()
+                    f.strip_prefix(root).unwrap().display()
                 )
             })
         })
