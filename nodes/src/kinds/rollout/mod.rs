@@ -85,20 +85,18 @@ pub const MAX_NUM_BATCHED_TOKENS: usize = 8192;
 
 impl RolloutParams {
     /// Greedy decoding of one response per prompt, at most `max_new_tokens`, from `model`, with
-    /// the defaults of every other parameter (how `eval` and a writing judge generate).
+    /// the declared defaults of every other parameter (how `eval` and a writing judge generate).
     pub fn greedy(model: &str, max_new_tokens: usize) -> RolloutParams {
-        RolloutParams {
-            model: model.to_string(),
-            n: 1,
-            max_new_tokens,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            greedy: true,
-            stop: Vec::new(),
-            kv_cache_gib: KV_CACHE_GIB,
-            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
-        }
+        let mut values: serde_json::Map<String, serde_json::Value> = Self::param_specs()
+            .into_iter()
+            .filter_map(|s| Some((s.name, s.default?)))
+            .collect();
+        values.insert("model".into(), model.into());
+        values.insert("max_new_tokens".into(), max_new_tokens.into());
+        values.insert("greedy".into(), true.into());
+        Params::from_map(values)
+            .parse()
+            .expect("the rollout's declared defaults parse")
     }
 
     /// The sampling part.
@@ -533,3 +531,25 @@ pub fn record_length_metrics(r: &RolloutBatch, max_new_tokens: usize, ctx: &mut 
 }
 
 flowrl_engine::register_node_kind!(RolloutKind);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The greedy rollout sets its model, length and greedy decoding, and takes every other
+    /// parameter from the declared defaults.
+    #[test]
+    fn the_greedy_rollout_takes_the_declared_defaults() {
+        let p = RolloutParams::greedy("judge", 7);
+        assert_eq!(
+            (p.model.as_str(), p.n, p.max_new_tokens, p.greedy),
+            ("judge", 1, 7, true)
+        );
+        assert_eq!((p.temperature, p.top_p, p.top_k), (1.0, 1.0, -1));
+        assert!(p.stop.is_empty());
+        assert_eq!(
+            (p.kv_cache_gib, p.max_num_batched_tokens),
+            (KV_CACHE_GIB, MAX_NUM_BATCHED_TOKENS)
+        );
+    }
+}
